@@ -1,0 +1,3 @@
+from fedalign.cli import main
+
+main()

@@ -1,0 +1,69 @@
+"""Symmetric matrix functions by eigendecomposition, in float64.
+
+Matrix square roots are computed from ``numpy.linalg.eigh`` with eigenvalues clipped at a
+relative floor, never with ``scipy.linalg.sqrtm`` (which is slower, may return complex
+output, and is unstable for near-singular covariances).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Relative eigenvalue floor: eigenvalues below ``EIG_FLOOR * max(|eig|)`` are clipped.
+EIG_FLOOR = 1e-12
+
+
+def sym(M: np.ndarray) -> np.ndarray:
+    """Symmetric part ``(M + Mᵀ)/2``."""
+    return 0.5 * (M + M.T)
+
+
+def eigh_clipped(S: np.ndarray, floor: float = EIG_FLOOR) -> tuple[np.ndarray, np.ndarray]:
+    """Eigendecomposition of the symmetric part of ``S`` with eigenvalues clipped.
+
+    Parameters
+    ----------
+    S : (d, d) array
+    floor : float
+        Relative floor: eigenvalues are clipped to ``>= floor * max(max_eig, tiny)``.
+
+    Returns
+    -------
+    w : (d,) float64 eigenvalues, all ``> 0``
+    V : (d, d) float64 orthonormal eigenvectors, ``S ≈ V diag(w) Vᵀ``
+    """
+    w, V = np.linalg.eigh(sym(np.asarray(S, dtype=np.float64)))
+    top = max(float(w[-1]) if w.size else 0.0, np.finfo(np.float64).tiny)
+    return np.maximum(w, floor * top), V
+
+
+def _apply(w: np.ndarray, V: np.ndarray, f) -> np.ndarray:
+    return sym((V * f(w)) @ V.T)
+
+
+def sqrtm_psd(S: np.ndarray, floor: float = EIG_FLOOR) -> np.ndarray:
+    """Principal square root ``S^{1/2}`` of a symmetric PSD matrix (d, d)."""
+    w, V = eigh_clipped(S, floor)
+    return _apply(w, V, np.sqrt)
+
+
+def inv_sqrtm_psd(S: np.ndarray, floor: float = EIG_FLOOR) -> np.ndarray:
+    """Inverse square root ``S^{-1/2}`` of a symmetric PD matrix (d, d), eigenvalues clipped."""
+    w, V = eigh_clipped(S, floor)
+    return _apply(w, V, lambda x: 1.0 / np.sqrt(x))
+
+
+def sqrt_and_inv_sqrt(S: np.ndarray, floor: float = EIG_FLOOR) -> tuple[np.ndarray, np.ndarray]:
+    """``(S^{1/2}, S^{-1/2})`` from one eigendecomposition."""
+    w, V = eigh_clipped(S, floor)
+    r = np.sqrt(w)
+    return _apply(r, V, lambda x: x), _apply(r, V, lambda x: 1.0 / x)
+
+
+def is_spd(S: np.ndarray, rtol: float = 1e-10) -> bool:
+    """True if ``S`` is symmetric (relative ``rtol``) with strictly positive eigenvalues."""
+    S = np.asarray(S, dtype=np.float64)
+    scale = max(np.abs(S).max(), np.finfo(float).tiny)
+    if np.abs(S - S.T).max() > rtol * scale:
+        return False
+    return bool(np.linalg.eigvalsh(sym(S))[0] > 0)

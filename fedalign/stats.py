@@ -1,0 +1,328 @@
+"""Streaming moments and Ledoit–Wolf shrinkage, exact in one pass.
+
+A client summarises its features by aggregates only: the count n, the sums Σy and Σyyᵀ, and
+the fourth-moment sums Σ‖y‖²y and Σ‖y‖⁴, all of ``y = x − shift`` around a provisional
+shift (the first chunk's mean), accumulated in float64. These sums merge across chunks (and
+across clients with the same shift) by addition, and they determine the Ledoit–Wolf estimator
+exactly:
+
+    Σ̂ = Σyyᵀ/n − c cᵀ,  c = Σy/n = μ − shift                         (1/n covariance)
+    m = tr Σ̂ / d
+    β̃ = Σ_i ‖x_i − μ‖⁴ = Σ‖y‖⁴ − 4 cᵀΣ‖y‖²y + 4 cᵀ(Σyyᵀ)c + 2‖c‖² tr Σyyᵀ − 4‖c‖² cᵀΣy + n‖c‖⁴
+    b² = (β̃/n − ‖Σ̂‖²_F) / (n d),   δ² = ‖Σ̂ − m I‖²_F / d
+    s = min(b², δ²) / δ²
+    Σ_LW = (1 − s) Σ̂ + s m I
+
+``s`` is scikit-learn's ``shrinkage_`` (the weight on the scaled identity). In the notation
+Σ = λ Σ̂ + (1−λ)(tr Σ̂/d) I of Ledoit & Wolf, λ = 1 − s.
+
+References
+----------
+O. Ledoit and M. Wolf, "A well-conditioned estimator for large-dimensional covariance
+matrices", J. Multivariate Analysis 88 (2004).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.linalg.blas import dsyrk
+
+from fedalign.errors import FedalignError
+
+
+@dataclass
+class Moments:
+    """Float64 moment sums of ``y = x − shift``, mergeable by addition.
+
+    Attributes
+    ----------
+    n : int
+    shift : (d,) provisional centre
+    sum_y : (d,)          Σ y
+    sum_yy : (d, d)       Σ y yᵀ (full symmetric)
+    sum_sqnorm_y : (d,)   Σ ‖y‖² y
+    sum_sqnorm2 : float   Σ ‖y‖⁴
+    class_counts : (C,) int64 or None
+    class_sums : (C, d) float64 or None   Σ_{i: y_i = c} x_i (uncentred)
+    """
+
+    d: int
+    shift: np.ndarray | None = None
+    n: int = 0
+    sum_y: np.ndarray = None
+    sum_yy: np.ndarray = None
+    sum_sqnorm_y: np.ndarray = None
+    sum_sqnorm2: float = 0.0
+    n_classes: int | None = None
+    class_counts: np.ndarray | None = None
+    class_sums: np.ndarray | None = None
+    _upper_only: bool = field(default=False, repr=False)
+
+    def __post_init__(self):
+        d = self.d
+        if self.sum_y is None:
+            self.sum_y = np.zeros(d)
+            # Fortran order so BLAS syrk can accumulate in place.
+            self.sum_yy = np.zeros((d, d), order="F")
+            self.sum_sqnorm_y = np.zeros(d)
+            self._upper_only = True
+        if self.n_classes is not None and self.class_counts is None:
+            self.class_counts = np.zeros(self.n_classes, dtype=np.int64)
+            self.class_sums = np.zeros((self.n_classes, d))
+
+    def update(self, X: np.ndarray, labels: np.ndarray | None = None) -> "Moments":
+        """Add a block of rows X (m, d); labels (m,) int with -1 for unlabeled."""
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != self.d:
+            raise FedalignError(f"block has shape {X.shape}, expected (m, {self.d})")
+        if len(X) == 0:
+            return self
+        if self.shift is None:
+            self.shift = X.mean(axis=0, dtype=np.float64)
+        Y = X.astype(np.float64) - self.shift
+        if not self._upper_only:
+            raise RuntimeError("update() after finalize(); create a new Moments")
+        # Upper triangle of Σ yyᵀ with BLAS syrk (half the flops of a GEMM): C += Yᵀ Y.
+        self.sum_yy = dsyrk(1.0, Y.T, beta=1.0, c=self.sum_yy, trans=0, lower=0, overwrite_c=1)
+        q = np.einsum("ij,ij->i", Y, Y)
+        self.sum_y += Y.sum(axis=0)
+        self.sum_sqnorm_y += q @ Y
+        self.sum_sqnorm2 += float(q @ q)
+        self.n += len(X)
+        if self.class_counts is not None and labels is not None:
+            labels = np.asarray(labels)
+            keep = labels >= 0
+            if np.any(labels[keep] >= self.n_classes):
+                raise FedalignError(
+                    f"label {int(labels.max())} out of range for {self.n_classes} classes"
+                )
+            lab = labels[keep]
+            self.class_counts += np.bincount(lab, minlength=self.n_classes)
+            onehot = np.zeros((len(lab), self.n_classes))
+            onehot[np.arange(len(lab)), lab] = 1.0
+            self.class_sums += onehot.T @ X[keep].astype(np.float64)
+        return self
+
+    def finalize(self) -> "Moments":
+        """Fill the lower triangle of ``sum_yy`` (after the last :meth:`update`)."""
+        if self._upper_only:
+            U = np.triu(self.sum_yy)
+            self.sum_yy = np.ascontiguousarray(U + np.triu(U, 1).T)
+            self._upper_only = False
+        return self
+
+    # -- derived quantities --------------------------------------------------------------------
+    @property
+    def mean(self) -> np.ndarray:
+        """(d,) sample mean."""
+        self._check_n(1)
+        return self.shift + self.sum_y / self.n
+
+    def empirical_covariance(self) -> np.ndarray:
+        """(d, d) maximum-likelihood (1/n) covariance Σ̂."""
+        self._check_n(1)
+        self.finalize()
+        c = self.sum_y / self.n
+        S = self.sum_yy / self.n - np.outer(c, c)
+        return 0.5 * (S + S.T)
+
+    def raw_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Uncentred ``(Σx (d,), Σxxᵀ (d, d))`` — what FedCGS-style heads aggregate."""
+        self.finalize()
+        s, a = self.shift, self.sum_y
+        sx = a + self.n * s
+        sxx = self.sum_yy + np.outer(s, a) + np.outer(a, s) + self.n * np.outer(s, s)
+        return sx, sxx
+
+    def fourth_moment_sum(self) -> float:
+        """Σ_i ‖x_i − μ‖⁴ from the shifted sums (exact algebra, see module docstring)."""
+        self.finalize()
+        c = self.sum_y / self.n
+        e = float(c @ c)
+        return float(
+            self.sum_sqnorm2
+            - 4.0 * (self.sum_sqnorm_y @ c)
+            + 4.0 * (c @ self.sum_yy @ c)
+            + 2.0 * e * np.trace(self.sum_yy)
+            - 4.0 * e * (self.sum_y @ c)
+            + self.n * e * e
+        )
+
+    def _check_n(self, k):
+        if self.n < k:
+            raise FedalignError(f"need at least {k} samples, got {self.n}")
+
+    def merge(self, other: "Moments") -> "Moments":
+        """Sum of two moment sets taken around the same shift."""
+        if other.shift is None:
+            return self
+        if self.shift is None:
+            return other
+        if not np.array_equal(self.shift, other.shift):
+            raise FedalignError("moments taken around different shifts cannot be added")
+        self.finalize()
+        other.finalize()
+        out = Moments(self.d, shift=self.shift.copy(), n=self.n + other.n,
+                      sum_y=self.sum_y + other.sum_y, sum_yy=self.sum_yy + other.sum_yy,
+                      sum_sqnorm_y=self.sum_sqnorm_y + other.sum_sqnorm_y,
+                      sum_sqnorm2=self.sum_sqnorm2 + other.sum_sqnorm2)
+        if self.class_counts is not None and other.class_counts is not None:
+            out.n_classes = self.n_classes
+            out.class_counts = self.class_counts + other.class_counts
+            out.class_sums = self.class_sums + other.class_sums
+        return out
+
+
+def ledoit_wolf_shrinkage(m: Moments) -> float:
+    """Ledoit–Wolf shrinkage ``s`` (scikit-learn's ``shrinkage_``) from moment sums."""
+    n, d = m.n, m.d
+    if d == 1:
+        return 0.0
+    S = m.empirical_covariance()
+    mu = np.trace(S) / d
+    delta_ = float(np.sum(S * S))
+    beta = (m.fourth_moment_sum() / n - delta_) / (d * n)
+    delta = (delta_ - 2.0 * mu * np.trace(S) + d * mu * mu) / d
+    beta = min(beta, delta)
+    return 0.0 if beta == 0 else float(beta / delta)
+
+
+def shrunk_covariance(m: Moments, shrinkage="auto") -> tuple[np.ndarray, float]:
+    """Covariance Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I.
+
+    Parameters
+    ----------
+    m : Moments with at least 2 samples
+    shrinkage : "auto" (Ledoit–Wolf), "none" (s = 0) or a float in [0, 1]
+
+    Returns
+    -------
+    covariance : (d, d) float64
+    s : float
+    """
+    m._check_n(2)
+    if shrinkage == "auto":
+        s = ledoit_wolf_shrinkage(m)
+    elif shrinkage in ("none", None):
+        s = 0.0
+    else:
+        s = float(shrinkage)
+        if not 0.0 <= s <= 1.0:
+            raise FedalignError(f"shrinkage must be in [0, 1], got {s}")
+    S = m.empirical_covariance()
+    mu = np.trace(S) / m.d
+    C = (1.0 - s) * S
+    C[np.diag_indices_from(C)] += s * mu
+    return C, s
+
+
+def parse_shrinkage(text: str):
+    """Parse ``auto|none|VALUE`` (CLI helper)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "none"):
+        return t
+    try:
+        v = float(t)
+    except ValueError:
+        raise FedalignError(f"--shrinkage must be auto, none or a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise FedalignError(f"--shrinkage must be in [0, 1], got {v}")
+    return v
+
+
+@dataclass
+class GaussianStats:
+    """What a client shares for SLOT-Align: a Gaussian proxy plus its moment sums.
+
+    Attributes
+    ----------
+    n : int
+    mean : (d,)
+    covariance : (d, d) shrunk covariance
+    shrinkage : float (scikit-learn convention: weight on the scaled identity)
+    moments : Moments
+    class_names : list of str
+    """
+
+    n: int
+    mean: np.ndarray
+    covariance: np.ndarray
+    shrinkage: float
+    moments: Moments
+    class_names: list = field(default_factory=list)
+
+    @property
+    def d(self) -> int:
+        return self.mean.shape[0]
+
+
+def moments_of_file(path, per_class: bool = False, chunk_rows: int = 8192, progress=None) -> tuple[Moments, list]:
+    """One streaming pass over a features file → (:class:`Moments`, class_names).
+
+    Peak memory is O(chunk_rows · d + d²), independent of n.
+    """
+    from fedalign.files import open_features
+
+    with open_features(path) as ff:
+        names = ff.class_names
+        C = None
+        if per_class:
+            labels = ff.labels
+            C = max(len(names), int(labels.max()) + 1 if labels.size else 0)
+        m = Moments(ff.d, n_classes=C)
+        for _, X, y in ff.iter_chunks(chunk_rows, with_labels=True):
+            m.update(X, y)
+            if progress is not None:
+                progress(len(X))
+    return m.finalize(), names
+
+
+def compute_stats(path, shrinkage="auto", per_class: bool = False, chunk_rows: int = 8192,
+                  progress=None) -> GaussianStats:
+    """Mean and Ledoit–Wolf covariance of a features file in one streaming pass."""
+    m, names = moments_of_file(path, per_class, chunk_rows, progress)
+    if m.n < 2:
+        raise FedalignError(f"{path}: need at least 2 samples to estimate a covariance, got {m.n}")
+    C, s = shrunk_covariance(m, shrinkage)
+    return GaussianStats(m.n, m.mean, C, s, m, list(names))
+
+
+def save_stats(path, st: GaussianStats, meta: dict | None = None):
+    """Write a stats file (aggregates only)."""
+    from fedalign.files import write_npz
+
+    m = st.moments.finalize()
+    arrays = dict(
+        n=np.int64(st.n), mean=st.mean, covariance=st.covariance, shrinkage=np.float64(st.shrinkage),
+        shift=m.shift, sum_y=m.sum_y, sum_yy=m.sum_yy, sum_sqnorm_y=m.sum_sqnorm_y,
+        sum_sqnorm2=np.float64(m.sum_sqnorm2),
+    )
+    if m.class_counts is not None:
+        arrays["class_counts"] = m.class_counts
+        arrays["class_sums"] = m.class_sums
+        if st.class_names and len(st.class_names) == len(m.class_counts):
+            arrays["class_names"] = np.array(st.class_names, dtype=str)
+    return write_npz(path, "stats", arrays, meta)
+
+
+def load_stats(path) -> GaussianStats:
+    """Read and validate a stats file."""
+    from fedalign.files import read_npz
+
+    a, meta = read_npz(path, "stats")
+    n = int(a["n"])
+    if n < 2:
+        raise FedalignError(f"{path}: stats from fewer than 2 samples (n={n})")
+    d = a["mean"].shape[0]
+    m = Moments(d, shift=a["shift"].astype(float), n=n, sum_y=a["sum_y"].astype(float),
+                sum_yy=a["sum_yy"].astype(float), sum_sqnorm_y=a["sum_sqnorm_y"].astype(float),
+                sum_sqnorm2=float(a["sum_sqnorm2"]))
+    if "class_counts" in a:
+        m.n_classes = len(a["class_counts"])
+        m.class_counts = a["class_counts"].astype(np.int64)
+        m.class_sums = a["class_sums"].astype(float)
+    names = [str(s) for s in a.get("class_names", [])] or list(meta.get("class_names", []))
+    return GaussianStats(n, a["mean"].astype(float), a["covariance"].astype(float),
+                         float(a["shrinkage"]), m, names)

@@ -1,0 +1,34 @@
+"""Shared test fixtures: generated feature files (tests never touch ../shared/data)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedalign.files import write_features
+
+
+def make_features(path, n=200, d=8, n_classes=3, seed=0, shift=0.0, scale=1.0, unlabeled=False):
+    """Write a small labeled features file with class-dependent means; return (X, y)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, n_classes, size=n)
+    centers = rng.normal(size=(n_classes, d)) * 3
+    L = rng.normal(size=(d, d)) / np.sqrt(d)
+    X = (centers[y] + rng.normal(size=(n, d)) @ L.T * scale + shift).astype(np.float32)
+    labels = np.full(n, -1) if unlabeled else y
+    write_features(path, X, labels, [f"img{i:05d}.png" for i in range(n)],
+                   class_names=[f"c{c}" for c in range(n_classes)],
+                   provenance={"producer": "tests"})
+    return X, y
+
+
+@pytest.fixture
+def feature_file(tmp_path):
+    """Factory fixture: ``feature_file(name, **kw) -> (path, X, y)``."""
+
+    def _make(name="f.h5", **kw):
+        p = tmp_path / name
+        X, y = make_features(p, **kw)
+        return p, X, y
+
+    return _make
