@@ -138,10 +138,33 @@ def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: 
         with atomic_output(out, suffix=".tmp.h5") as tmp:
             with FeatureWriter(tmp, ff.d, ff.class_names, prov, chunk_rows=min(chunk_rows, 4096),
                                expected_rows=ff.n) as w:
-                for start, X, y in ff.iter_chunks(chunk_rows, with_labels=True):
-                    Z = X @ At32
-                    Z += bt32
-                    w.append(Z, y, ids[start : start + len(X)])
-                    if progress is not None:
-                        progress(len(X))
+                _pipeline(ff.iter_chunks(chunk_rows, with_labels=True), At32, bt32, w, ids, progress)
     return Path(out)
+
+
+def _pipeline(chunks, At32, bt32, writer, ids, progress):
+    """Map chunks in a worker thread (BLAS releases the GIL) while HDF5 reads/writes proceed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def affine(X):
+        Z = X @ At32
+        Z += bt32
+        return Z
+
+    pending = None
+    with ThreadPoolExecutor(1) as pool:
+        for start, X, y in chunks:
+            fut = pool.submit(affine, X)
+            if pending is not None:
+                _flush(pending, writer, ids, progress)
+            pending = (start, fut, y)
+        if pending is not None:
+            _flush(pending, writer, ids, progress)
+
+
+def _flush(pending, writer, ids, progress):
+    start, fut, y = pending
+    Z = fut.result()
+    writer.append(Z, y, ids[start : start + len(Z)])
+    if progress is not None:
+        progress(len(Z))

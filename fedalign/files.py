@@ -19,9 +19,11 @@ map        .npz   a client's affine OT map to the reference: A (d, d), b (d,). P
 gmm        .npz   diagonal GMM: weights (K,), means (K, d), variances (K, d),
                   optional labels (K, C). Private to its client.
 atoms      .npz   a client's dictionary atoms after a gossip round: means (A, K, d),
-                  variances (A, K, d), label logits (A, K, C). Published to peers.
-state      .npz   a DaDiL client's private state (atoms, barycentric weights, optimizer
-                  and RNG state, round). Never published.
+                  variances (A, K, d), label logits (A, K, C), round; meta: producer
+                  (client id). Nothing else (no α, no GMM, no sample). Published to peers.
+state      .npz   a DaDiL client's private state (atoms, barycentric weights, Adam
+                  moments, PCG64 RNG state, round; meta: client id, GMM path + sha256,
+                  settings). Never published.
 report     .json  evaluation results (accuracy tables).
 ========== ====== =====================================================================
 
@@ -139,6 +141,18 @@ _schema(
         "label_logits": (("A", "K", "C"), "f"),
         "alpha": (("A",), "f"),
         "round": ((), "i"),
+        "rng_state": (("six",), "i"),
+    },
+    optional={
+        "adam_step": ((), "i"),
+        "adam_means_exp_avg": (("A", "K", "d"), "f"),
+        "adam_means_exp_avg_sq": (("A", "K", "d"), "f"),
+        "adam_variances_exp_avg": (("A", "K", "d"), "f"),
+        "adam_variances_exp_avg_sq": (("A", "K", "d"), "f"),
+        "adam_label_logits_exp_avg": (("A", "K", "C"), "f"),
+        "adam_label_logits_exp_avg_sq": (("A", "K", "C"), "f"),
+        "adam_alpha_exp_avg": (("A",), "f"),
+        "adam_alpha_exp_avg_sq": (("A",), "f"),
     },
 )
 
@@ -235,6 +249,12 @@ def read_npz(path, kind: str) -> tuple[dict, dict]:
     """
     schema = _get_schema(kind)
     path = _require_file(path)
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic.startswith(b"\x89HDF"):
+        raise FedalignError(f"{path}: is an HDF5 file (features?), expected a {kind} .npz file")
+    if not magic.startswith(b"PK"):
+        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

@@ -122,7 +122,7 @@ class Barycenter:
 
 
 def _mean_root(S, covs, weights):
-    """(S^{1/2}, S^{-1/2}, Σ_k w_k (S^{1/2} Σ_k S^{1/2})^{1/2})."""
+    """(S^{1/2}, S^{-1/2}, Σ_k w_k (S^{1/2} Σ_k S^{1/2})^{1/2}) by plain eigendecompositions."""
     R, Rinv = sqrt_and_inv_sqrt(S)
     T = np.zeros_like(S)
     for w, C in zip(weights, covs):
@@ -130,24 +130,98 @@ def _mean_root(S, covs, weights):
     return R, Rinv, sym(T)
 
 
+def fixed_point_residual(S, covs, weights) -> float:
+    """‖Σ_k w_k A_k⁻¹ − I‖_F / √d at S (exact eigendecompositions); 0 at the barycenter."""
+    _, Rinv, T = _mean_root(S, covs, weights)
+    return float(np.linalg.norm(sym(Rinv @ T @ Rinv) - np.eye(S.shape[0])) / np.sqrt(S.shape[0]))
+
+
+class _Roots:
+    """Square roots X_k = (Lᵀ Σ_k L)^{1/2} for a Cholesky factor S = L Lᵀ.
+
+    Any factor F with F Fᵀ = S gives the same maps, F^{-T}(Fᵀ Σ_k F)^{1/2} F^{-1} =
+    S^{-1/2}(S^{1/2} Σ_k S^{1/2})^{1/2} S^{-1/2}, so the Cholesky factor (cheap, no
+    eigendecomposition of S) replaces S^{1/2}. Early iterations take a clipped eigendecomposition
+    of each Lᵀ Σ_k L; once S moves little, one Newton (chord) correction in the last eigenbasis
+    V, s = eig(X_ref) replaces it:  X ← X + V [(Vᵀ(M − X²)V) / (s_i + s_j)] Vᵀ
+    (four matrix products instead of an eigendecomposition; the fixed point is unchanged).
+    """
+
+    def __init__(self, covs, workers):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.covs = covs
+        self.X = [None] * len(covs)
+        self.V = [None] * len(covs)
+        self.s = [None] * len(covs)
+        self.pool = ThreadPoolExecutor(max(1, min(workers, len(covs))))
+
+    def _one(self, k, L, exact):
+        M = sym(L.T @ self.covs[k] @ L)
+        if exact or self.X[k] is None:
+            w, V = eigh_clipped(M)
+            s = np.sqrt(w)
+            self.V[k], self.s[k], self.X[k] = V, s, sym((V * s) @ V.T)
+        else:
+            V, s, X = self.V[k], self.s[k], self.X[k]
+            D = M - X @ X
+            Xn = sym(X + V @ ((V.T @ D @ V) / (s[:, None] + s[None, :])) @ V.T)
+            # safeguard: the chord step must reduce the defect ‖M − X²‖, else decompose afresh
+            if not (np.linalg.norm(M - Xn @ Xn) < np.linalg.norm(D)) and np.linalg.norm(D) > 0:
+                return self._one(k, L, True)
+            self.X[k] = Xn
+        return self.X[k]
+
+    def mean(self, L, weights, exact):
+        roots = list(self.pool.map(lambda k: self._one(k, L, exact), range(len(self.covs))))
+        return sym(sum(w * X for w, X in zip(weights, roots)))
+
+    def close(self):
+        self.pool.shutdown()
+
+
+def _congruence_inv(L, T):
+    """L^{-T} T L^{-1} for lower-triangular L (two triangular solves)."""
+    from scipy.linalg import solve_triangular
+
+    Y = solve_triangular(L, T, lower=True, trans="T")
+    return sym(solve_triangular(L, Y.T, lower=True, trans="T").T)
+
+
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
-                     init: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+                     init: np.ndarray | None = None, chord_below: float = 1e-3,
+                     anderson: int = 5, workers: int | None = None) -> tuple[np.ndarray, dict]:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
+
+    Iteration (with S = L Lᵀ, Cholesky):
+        G = L^{-T} (Σ_k w_k (Lᵀ Σ_k L)^{1/2}) L^{-1}   (= Σ_k w_k A_k⁻¹, maps barycenter → clients)
+        S ← G S G                                       (= S^{-1/2} T² S^{-1/2})
+    accelerated by Anderson mixing (memory ``anderson``, SPD-safeguarded) and, once the
+    relative change of S drops below ``chord_below``, Newton (chord) updates of the square
+    roots instead of fresh eigendecompositions. The returned residual is always recomputed
+    with exact eigendecompositions. The K square roots run in a thread pool with
+    single-threaded BLAS (oversubscribed multithreaded LAPACK is slow on small machines).
 
     Parameters
     ----------
     covs : sequence of K (d, d) SPD matrices
     weights : (K,) nonnegative, summing to 1 (uniform if None)
     tol : stop when the fixed-point residual ‖Σ w_k A_k⁻¹ − I‖_F/√d ≤ tol
-          or the relative change ‖ΔS‖_F/‖S‖_F ≤ tol
     max_iter : iteration bound
     init : starting matrix; default Σ_k w_k Σ_k
+    chord_below : switch to chord square roots below this relative change (0 disables)
+    anderson : Anderson memory (0 disables)
+    workers : threads for the K square roots (default: CPU count)
 
     Returns
     -------
     S : (d, d) barycenter covariance
-    info : dict with iterations, rel_change, residual, converged, history
+    info : dict with iterations, rel_change, residual (exact), converged, history
     """
+    import os
+
+    from threadpoolctl import ThreadpoolController
+
     covs = [sym(np.asarray(C, dtype=np.float64)) for C in covs]
     K = len(covs)
     if K == 0:
@@ -160,25 +234,87 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     if K == 1:
         return covs[0].copy(), dict(iterations=0, rel_change=0.0, residual=0.0, converged=True,
                                     history=[])
+    # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
+    scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
+    covs = [C + 1e-12 * scale * np.eye(d) for C in covs]
     S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
-    history = []
-    rel, res, converged, it = np.inf, np.inf, False, 0
-    for it in range(1, max_iter + 1):
-        R, Rinv, T = _mean_root(S, covs, weights)
-        M = sym(Rinv @ T @ Rinv)  # Σ_k w_k A_k^{-1} at the current S
-        res = float(np.linalg.norm(M - np.eye(d)) / np.sqrt(d))
-        S_new = sym(M @ S @ M)  # = S^{-1/2} T² S^{-1/2}
-        rel = float(np.linalg.norm(S_new - S) / np.linalg.norm(S))
-        history.append((rel, res))
-        S = S_new
-        if res <= tol or rel <= tol:
-            converged = True
-            break
-    # residual at the returned S (one more evaluation keeps the record honest)
-    _, Rinv, T = _mean_root(S, covs, weights)
-    res = float(np.linalg.norm(sym(Rinv @ T @ Rinv) - np.eye(d)) / np.sqrt(d))
+    workers = workers or os.cpu_count() or 1
+    with ThreadpoolController().limit(limits=1, user_api="blas"):
+        S, info = _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers)
+        info["residual"] = fixed_point_residual(S, covs, weights)
+    info["converged"] = bool(info["residual"] <= max(tol, 1e-13) * 10 or info["converged"])
+    return S, info
+
+
+def _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers):
+    d = S.shape[0]
+    I = np.eye(d)
+    iu = np.triu_indices(d)
+    roots = _Roots(covs, workers)
+    xs, gs, history = [], [], []
+    exact, rel, res, converged, it = True, np.inf, np.inf, False, 0
+    try:
+        for it in range(1, max_iter + 1):
+            L = _safe_cholesky(S)
+            G = _congruence_inv(L, roots.mean(L, weights, exact))
+            res = float(np.linalg.norm(G - I) / np.sqrt(d))
+            F = sym(G @ S @ G)
+            rel = float(np.linalg.norm(F - S) / np.linalg.norm(S))
+            history.append((rel, res))
+            if res <= tol:
+                S, converged = F, True
+                break
+            if not exact and len(history) > 1 and res > 0.9 * history[-2][1]:
+                exact, chord_below = True, 0.0  # chord stalls (ill-conditioned): stay exact
+            elif exact and rel < chord_below:
+                exact = False
+            S = _anderson_step(S, F, xs, gs, iu, anderson) if anderson else F
+    finally:
+        roots.close()
     return S, dict(iterations=it, rel_change=rel, residual=res, converged=converged,
                    history=history)
+
+
+def _safe_cholesky(S):
+    """Lower Cholesky factor of S, adding a growing relative ridge if S is numerically singular."""
+    from scipy.linalg import LinAlgError, cholesky
+
+    jitter = 0.0
+    scale = max(np.trace(S) / S.shape[0], np.finfo(float).tiny)
+    for _ in range(12):
+        try:
+            return cholesky(S + jitter * np.eye(S.shape[0]), lower=True)
+        except LinAlgError:
+            jitter = scale * (1e-14 if jitter == 0.0 else jitter / scale * 10)
+    raise FedalignError("barycenter iterate lost positive definiteness (inputs too singular)")
+
+
+def _anderson_step(S, F, xs, gs, iu, memory):
+    """Anderson (type II) mixing of the fixed-point map on the upper triangle of S.
+
+    Falls back to the plain update F (and clears the memory) if the mixed matrix is not SPD.
+    """
+    x, g = S[iu], F[iu] - S[iu]
+    xs.append(x)
+    gs.append(g)
+    del xs[: -(memory + 1)], gs[: -(memory + 1)]
+    if len(xs) < 2:
+        return F
+    dG = np.stack([b - a for a, b in zip(gs[:-1], gs[1:])], axis=1)
+    dX = np.stack([b - a for a, b in zip(xs[:-1], xs[1:])], axis=1)
+    gamma = np.linalg.lstsq(dG, g, rcond=None)[0]
+    v = x + g - (dX + dG) @ gamma
+    d = S.shape[0]
+    N = np.zeros((d, d))
+    N[iu] = v
+    N = N + np.triu(N, 1).T
+    try:
+        np.linalg.cholesky(N)
+    except np.linalg.LinAlgError:
+        xs.clear()
+        gs.clear()
+        return F
+    return N
 
 
 def normalize_weights(weights, K: int) -> np.ndarray:

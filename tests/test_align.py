@@ -1,0 +1,102 @@
+"""SLOT-Align on feature files: maps, streaming, reuse on other files."""
+
+import numpy as np
+import pytest
+
+from fedalign.align import (align_file, apply_map, client_map, load_map, load_reference,
+                            make_reference, save_map, save_reference)
+from fedalign.errors import FedalignError
+from fedalign.files import read_features
+from fedalign.gaussian import w2_squared
+from fedalign.stats import compute_stats
+
+
+@pytest.fixture
+def federation(feature_file):
+    files = [feature_file(f"c{k}.h5", n=300 + 50 * k, d=6, seed=k, shift=2.0 * k, scale=1 + k)
+             for k in range(3)]
+    stats = [compute_stats(p) for p, _, _ in files]
+    return files, stats
+
+
+def test_reference_weights_and_roundtrip(federation, tmp_path):
+    files, stats = federation
+    ref = make_reference(stats, "samples")
+    n = np.array([s.n for s in stats])
+    np.testing.assert_allclose(ref.weights, n / n.sum())
+    np.testing.assert_allclose(ref.mean, sum(w * s.mean for w, s in zip(ref.weights, stats)))
+    assert ref.meta["convergence"]["converged"]
+    save_reference(tmp_path / "ref.npz", ref)
+    ref2 = load_reference(tmp_path / "ref.npz")
+    np.testing.assert_array_equal(ref2.covariance, ref.covariance)
+    assert len(ref2.meta["sha256"]) == 64
+    uni = make_reference(stats, "uniform")
+    np.testing.assert_allclose(uni.weights, 1 / 3)
+
+
+def test_aligned_moments_match_reference(federation, tmp_path):
+    files, stats = federation
+    ref = make_reference(stats)
+    (p, X, _), st = files[1], stats[1]
+    amap = client_map(st, ref)
+    align_file(p, tmp_path / "out.h5", amap, tau=1.0, chunk_rows=64)
+    Z, y, info = read_features(tmp_path / "out.h5")
+    out_stats = compute_stats(tmp_path / "out.h5", shrinkage="none")
+    # mean maps exactly; the *shrunk* source covariance maps onto Σ_b
+    np.testing.assert_allclose(out_stats.mean, ref.mean, atol=1e-4)
+    np.testing.assert_allclose(amap.A @ st.covariance @ amap.A, ref.covariance, rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(info["ids"], read_features(p)[2]["ids"])
+    assert info["provenance"]["history"][-1]["tau"] == 1.0
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.4])
+def test_streamed_equals_in_memory(federation, tmp_path, tau):
+    files, stats = federation
+    ref = make_reference(stats)
+    p, X, _ = files[0]
+    amap = client_map(stats[0], ref)
+    align_file(p, tmp_path / "o.h5", amap, tau=tau, chunk_rows=37)
+    Z = read_features(tmp_path / "o.h5")[0]
+    np.testing.assert_allclose(Z, apply_map(X, amap, tau), rtol=1e-5, atol=1e-5)
+    if tau == 0.0:
+        np.testing.assert_allclose(Z, X, atol=1e-5)
+
+
+def test_w2_to_reference_shrinks_by_one_minus_tau(federation):
+    files, stats = federation
+    ref = make_reference(stats)
+    st = stats[2]
+    amap = client_map(st, ref)
+    full = np.sqrt(w2_squared(st.mean, st.covariance, ref.mean, ref.covariance))
+    from fedalign.gaussian import interpolate_map
+
+    At, bt = interpolate_map(amap.A, amap.b, 0.25)
+    w = np.sqrt(w2_squared(At @ st.mean + bt, At @ st.covariance @ At, ref.mean, ref.covariance))
+    assert w == pytest.approx(0.75 * full, rel=1e-7)
+
+
+def test_saved_map_reused_on_another_file(federation, tmp_path, feature_file):
+    files, stats = federation
+    amap = client_map(stats[0], make_reference(stats))
+    save_map(tmp_path / "m.npz", amap)
+    test_p, Xt, _ = feature_file("test.h5", n=40, d=6, seed=9)
+    align_file(test_p, tmp_path / "t.h5", load_map(tmp_path / "m.npz"), tau=0.5)
+    np.testing.assert_allclose(read_features(tmp_path / "t.h5")[0], apply_map(Xt, amap, 0.5),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_dimension_mismatch_leaves_no_output(federation, tmp_path, feature_file):
+    files, stats = federation
+    amap = client_map(stats[0], make_reference(stats))
+    other, _, _ = feature_file("other.h5", d=5)
+    with pytest.raises(FedalignError, match="dimension"):
+        align_file(other, tmp_path / "bad.h5", amap)
+    assert not (tmp_path / "bad.h5").exists()
+
+
+def test_same_input_same_bytes(federation, tmp_path):
+    files, stats = federation
+    amap = client_map(stats[0], make_reference(stats))
+    align_file(files[0][0], tmp_path / "a.h5", amap, 0.4)
+    align_file(files[0][0], tmp_path / "b.h5", amap, 0.4)
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
