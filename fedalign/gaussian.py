@@ -154,6 +154,7 @@ class _Roots:
         self.X = [None] * len(covs)
         self.V = [None] * len(covs)
         self.s = [None] * len(covs)
+        self.defect = [None] * len(covs)
         self.pool = ThreadPoolExecutor(max(1, min(workers, len(covs))))
 
     def _one(self, k, L, exact):
@@ -162,14 +163,16 @@ class _Roots:
             w, V = eigh_clipped(M)
             s = np.sqrt(w)
             self.V[k], self.s[k], self.X[k] = V, s, sym((V * s) @ V.T)
+            self.defect[k] = None
         else:
             V, s, X = self.V[k], self.s[k], self.X[k]
             D = M - X @ X
-            Xn = sym(X + V @ ((V.T @ D @ V) / (s[:, None] + s[None, :])) @ V.T)
-            # safeguard: the chord step must reduce the defect ‖M − X²‖, else decompose afresh
-            if not (np.linalg.norm(M - Xn @ Xn) < np.linalg.norm(D)) and np.linalg.norm(D) > 0:
+            defect = float(np.linalg.norm(D))
+            # safeguard: defects ‖M − X²‖ must keep shrinking, else decompose afresh
+            if not np.isfinite(defect) or (self.defect[k] is not None and defect > self.defect[k]):
                 return self._one(k, L, True)
-            self.X[k] = Xn
+            self.defect[k] = defect
+            self.X[k] = sym(X + V @ ((V.T @ D @ V) / (s[:, None] + s[None, :])) @ V.T)
         return self.X[k]
 
     def mean(self, L, weights, exact):
@@ -190,7 +193,8 @@ def _congruence_inv(L, T):
 
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
                      init: np.ndarray | None = None, chord_below: float = 1e-3,
-                     anderson: int = 5, workers: int | None = None) -> tuple[np.ndarray, dict]:
+                     anderson: int = 5, workers: int | None = None,
+                     reduce: bool = True) -> tuple[np.ndarray, dict]:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
 
     Iteration (with S = L Lᵀ, Cholesky):
@@ -212,6 +216,8 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     chord_below : switch to chord square roots below this relative change (0 disables)
     anderson : Anderson memory (0 disables)
     workers : threads for the K square roots (default: CPU count)
+    reduce : solve on the common subspace outside which all Σ_k are scalar when it is at most
+        half the dimension (exact; see :func:`_scalar_complement`) — clients with n_k ≪ d
 
     Returns
     -------
@@ -237,13 +243,67 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
     scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
     covs = [C + 1e-12 * scale * np.eye(d) for C in covs]
-    S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
     workers = workers or os.cpu_count() or 1
     with ThreadpoolController().limit(limits=1, user_api="blas"):
+        split = _scalar_complement(covs, workers) if reduce and init is None else None
+        if split is not None:
+            U, c = split
+            if U.shape[1] == 0:
+                cb = float(np.dot(weights, np.sqrt(c))) ** 2
+                return cb * np.eye(d), dict(iterations=0, rel_change=0.0, residual=0.0,
+                                            converged=True, history=[], reduced_dim=0)
+            covs = [sym(U.T @ C @ U) for C in covs]
+        S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
         S, info = _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers)
         info["residual"] = fixed_point_residual(S, covs, weights)
     info["converged"] = bool(info["residual"] <= max(tol, 1e-13) * 10 or info["converged"])
+    info["reduced_dim"] = None if split is None else int(split[0].shape[1])
+    if split is not None:  # S = U B Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ)
+        U, c = split
+        cb = float(np.dot(weights, np.sqrt(c))) ** 2
+        S = sym(U @ (S - cb * np.eye(U.shape[1])) @ U.T)
+        S[np.diag_indices_from(S)] += cb
     return S, info
+
+
+def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float = 0.5):
+    """Common invariant subspace outside which every Σ_k is a multiple of the identity.
+
+    Shrunk covariances of clients with few samples (n_k ≪ d) have the form
+    Σ_k = c_k I + U_k D_k U_kᵀ with rank U_k ≤ n_k. With U an orthonormal basis of
+    span(U_1, …, U_K), every Σ_k maps U and U⊥ to themselves and is c_k I on U⊥, so the
+    barycenter splits exactly: B = U B_U Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ), with B_U the
+    barycenter of the r × r matrices Uᵀ Σ_k U. Eigenvalues within ``rtol · λ_max`` of λ_min
+    count as the scalar part.
+
+    Returns
+    -------
+    (U (d, r), c (K,)) when r ≤ max_fraction · d, else None.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = covs[0].shape[0]
+    if d < 64:
+        return None
+    with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
+        eigs = list(pool.map(lambda C: np.linalg.eigh(C), covs))
+    bases, c = [], []
+    for w, V in eigs:
+        scalar = w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
+        if scalar.sum() < d - max_fraction * d:
+            return None
+        c.append(float(np.mean(w[scalar])))
+        bases.append(V[:, ~scalar])
+    B = np.concatenate(bases, axis=1)
+    if B.shape[1] > max_fraction * d:
+        return None
+    if B.shape[1] == 0:
+        return np.zeros((d, 0)), np.array(c)
+    Q, sv, _ = np.linalg.svd(B, full_matrices=False)
+    r = int(np.sum(sv > 1e-8 * sv[0]))
+    if r > max_fraction * d:
+        return None
+    return Q[:, :r], np.array(c)
 
 
 def _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers):

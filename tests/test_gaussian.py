@@ -133,3 +133,22 @@ def test_sqrt_used_is_principal():
     C = _spd(6, rng)
     R = sqrtm_psd(C)
     assert is_spd(R)
+
+
+def test_low_rank_plus_scalar_reduction_is_exact():
+    """Shrunk covariances of clients with n_k ≪ d: reduced solve equals the full solve."""
+    rng = np.random.default_rng(10)
+    d, covs = 80, []
+    for k in range(3):
+        Z = rng.normal(size=(6, d)) * rng.uniform(0.5, 2, d)
+        C = np.cov(Z.T, bias=True)
+        s = 0.3 + 0.1 * k
+        covs.append((1 - s) * C + s * np.trace(C) / d * np.eye(d))
+    w = np.array([0.2, 0.3, 0.5])
+    S_red, info = bures_barycenter(covs, w, tol=1e-12)
+    S_full, _ = bures_barycenter(covs, w, tol=1e-12, reduce=False)
+    assert info["reduced_dim"] is not None and info["reduced_dim"] <= 18
+    assert _rel(S_red, S_full) < 1e-9
+    # scalar-only inputs: closed form
+    S, info = bures_barycenter([2.0 * np.eye(d), 8.0 * np.eye(d)])
+    np.testing.assert_allclose(S, ((np.sqrt(2) + np.sqrt(8)) / 2) ** 2 * np.eye(d), rtol=1e-10)

@@ -25,7 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 
 #: Logs, progress bars and convergence records go to stderr; tables go to stdout.
@@ -40,8 +40,11 @@ def fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
-def command(*args, **kwargs):
-    """Register a subcommand whose :class:`FedalignError` becomes one line + exit code 2."""
+def command(*args, typer_app=None, **kwargs):
+    """Register a subcommand whose :class:`FedalignError` becomes one line + exit code 2.
+
+    ``typer_app`` registers on a command group (e.g. ``fedalign plot ...``) instead of the root.
+    """
 
     def decorate(fn):
         @functools.wraps(fn)
@@ -54,7 +57,7 @@ def command(*args, **kwargs):
                 typer.echo("interrupted", err=True)
                 raise typer.Exit(130)
 
-        return app.command(*args, **kwargs)(wrapper)
+        return (typer_app or app).command(*args, **kwargs)(wrapper)
 
     return decorate
 
