@@ -189,6 +189,9 @@ def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterato
     tmp = Path(tmp)
     try:
         yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
