@@ -1,0 +1,56 @@
+"""``fit-gmm``: a client's labeled (or unlabeled) diagonal Gaussian mixture."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fedalign.cli.app import command, err
+
+
+@command("fit-gmm", epilog="Example: fedalign fit-gmm client3.h5 -o client3.gmm.npz "
+                           "--components-per-class 5")
+def fit_gmm_cmd(
+    features: Path = typer.Argument(..., help="Features file (.h5)."),
+    output: Path = typer.Option(..., "-o", "--output", help="GMM file to write (.npz)."),
+    components_per_class: int = typer.Option(5, "--components-per-class", "-k",
+                                             help="Components per class (k); unlabeled: C·k in all."),
+    class_weights: str = typer.Option("balanced", help="balanced (each class mass 1/C) or prior (n_c/n)."),
+    unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore labels: one GMM with C·k components."),
+    n_classes: Optional[int] = typer.Option(None, "--n-classes",
+                                            help="C (default: the file's class names, else max label + 1)."),
+    min_var: float = typer.Option(1e-6, "--min-var", help="Variance floor (also EM regularisation)."),
+    seed: int = typer.Option(0, help="EM initialisation seed (same seed → same file)."),
+    max_iter: int = typer.Option(100, help="Maximum EM iterations per mixture."),
+    tol: float = typer.Option(1e-3, help="EM tolerance on the mean log-likelihood."),
+):
+    """Fit a diagonal GMM to a features file (scikit-learn EM in float64).
+
+    Labeled rows: one mixture of k components per class, concatenated with one-hot labels
+    (a class with fewer than k samples gets fewer components). Unlabeled rows (label −1) or
+    --unlabeled: one mixture of C·k components without labels. The file holds the mixture
+    only, no samples; it stays with its client.
+    """
+    from fedalign.errors import FedalignError
+    from fedalign.files import read_features, sha256_file
+    from fedalign.gmm import fit_gmm, save_gmm
+
+    X, y, info = read_features(features)
+    names = info["class_names"]
+    if unlabeled:
+        y = None
+    elif n_classes is None and not names and not (y >= 0).any():
+        raise FedalignError(f"{features}: no labels and no class names: give --n-classes")
+    t0 = time.perf_counter()
+    g = fit_gmm(X, y, components_per_class, n_classes, class_weights, min_var, seed, max_iter,
+                tol, class_names=names)
+    save_gmm(output, g, dict(producer="fedalign fit-gmm", source=str(features),
+                             source_sha256=sha256_file(features)))
+    not_conv = sum(not r["converged"] for r in g.meta["fit"])
+    kind = "labeled" if g.labeled else "unlabeled"
+    err.print(f"fit-gmm: {kind} n={len(X)} d={g.d} K={g.K} C={g.n_classes} "
+              f"({len(g.meta['fit'])} EM fits, {not_conv} not converged, "
+              f"{time.perf_counter() - t0:.2f}s) → {output}")

@@ -1,0 +1,158 @@
+"""fedalign.gmm and ``fedalign fit-gmm``: fitting vs scikit-learn, files, sampling, MAP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal
+from typer.testing import CliRunner
+
+from fedalign.cli import app
+from fedalign.errors import FedalignError
+from fedalign.files import write_npz
+from fedalign.gmm import (GMM, fit_gmm, load_gmm, log_likelihood, map_predict, predict_proba,
+                          sample_gmm, save_gmm, score_samples, train_head_from_gmm)
+
+runner = CliRunner()
+
+
+def blobs(n=300, d=4, C=3, seed=0, sep=4.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, n)
+    centers = rng.normal(size=(C, d)) * sep
+    return centers[y] + rng.normal(size=(n, d)), y
+
+
+def test_labeled_fit_matches_per_class_sklearn():
+    from sklearn.mixture import GaussianMixture
+
+    X, y = blobs(seed=1)
+    g = fit_gmm(X, y, components_per_class=2, seed=3)
+    assert (g.K, g.d, g.n_classes) == (6, 4, 3)
+    np.testing.assert_array_equal(g.labels.argmax(1), [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(g.labels.sum(1), np.ones(6))
+    for c in range(3):
+        ref = GaussianMixture(2, covariance_type="diag", reg_covar=1e-6, random_state=3).fit(X[y == c])
+        np.testing.assert_allclose(g.means[2 * c: 2 * c + 2], ref.means_, rtol=1e-10)
+        np.testing.assert_allclose(g.variances[2 * c: 2 * c + 2], ref.covariances_, rtol=1e-10)
+        # balanced: each class has mass 1/C
+        np.testing.assert_allclose(g.weights[2 * c: 2 * c + 2], ref.weights_ / 3, rtol=1e-10)
+
+
+def test_prior_class_weights_and_small_class():
+    X, y = blobs(n=200, seed=2)
+    y = y.copy()
+    y[y == 2] = 0
+    y[:2] = 2                                       # class 2 has 2 samples < k = 4
+    g = fit_gmm(X, y, components_per_class=4, class_weights="prior", min_var=1e-3)
+    counts = np.bincount(y, minlength=3)
+    owner = g.labels.argmax(1)
+    np.testing.assert_array_equal(np.bincount(owner, minlength=3), [4, 4, 2])
+    np.testing.assert_allclose(np.bincount(owner, weights=g.weights, minlength=3), counts / counts.sum())
+    assert g.variances.min() >= 1e-3
+
+
+def test_unlabeled_fit_and_determinism():
+    X, y = blobs(seed=3)
+    g = fit_gmm(X, np.full(len(X), -1), components_per_class=2, n_classes=3)
+    assert g.labels is None and g.K == 6
+    g2 = fit_gmm(X, None, components_per_class=2, n_classes=3)
+    np.testing.assert_array_equal(g.means, g2.means)
+    with pytest.raises(FedalignError, match="number of classes"):
+        fit_gmm(X, None)
+    with pytest.raises(FedalignError, match="class weights"):
+        fit_gmm(X, y, class_weights="odd")
+
+
+def test_log_likelihood_matches_sklearn_and_scipy():
+    from sklearn.mixture import GaussianMixture
+
+    X, _ = blobs(n=200, d=3, seed=4)
+    ref = GaussianMixture(3, covariance_type="diag", random_state=0).fit(X)
+    g = GMM(ref.weights_, ref.means_, ref.covariances_)
+    np.testing.assert_allclose(score_samples(g, X), ref.score_samples(X), rtol=1e-10)
+    assert log_likelihood(g, X) == pytest.approx(ref.score(X), rel=1e-10)
+    dens = sum(w * multivariate_normal(m, np.diag(v)).pdf(X[:5])
+               for w, m, v in zip(g.weights, g.means, g.variances))
+    np.testing.assert_allclose(score_samples(g, X[:5]), np.log(dens), rtol=1e-10)
+
+
+def test_map_predict_soft_labels_brute_force():
+    rng = np.random.default_rng(5)
+    K, d, C = 4, 2, 3
+    g = GMM(rng.dirichlet(np.ones(K)), rng.normal(size=(K, d)), rng.uniform(0.5, 2, (K, d)),
+            rng.dirichlet(np.ones(C), size=K))
+    X = rng.normal(size=(50, d)) * 2
+    lik = np.stack([w * multivariate_normal(m, np.diag(v)).pdf(X)
+                    for w, m, v in zip(g.weights, g.means, g.variances)], 1)
+    post = lik / lik.sum(1, keepdims=True)
+    np.testing.assert_allclose(predict_proba(g, X), post @ g.labels, rtol=1e-9)
+    np.testing.assert_array_equal(map_predict(g, X), (post @ g.labels).argmax(1))
+    # far from every component: log-domain stays finite
+    assert map_predict(g, np.full((1, d), 1e3)).shape == (1,)
+
+
+def test_sampling_and_classifiers():
+    X, y = blobs(n=600, d=5, seed=6)
+    g = fit_gmm(X, y, components_per_class=2)
+    Xs, ys = sample_gmm(g, 20000, np.random.default_rng(0))
+    mix_mean = g.weights @ g.means
+    np.testing.assert_allclose(Xs.mean(0), mix_mean, atol=0.1)
+    np.testing.assert_allclose(np.bincount(ys) / len(ys), [1 / 3] * 3, atol=0.02)
+    assert (map_predict(g, X) == y).mean() > 0.98
+    head = train_head_from_gmm(g, n_per_class=200, seed=0)
+    assert (head.predict(X) == y).mean() > 0.98
+
+
+def test_save_load_roundtrip_and_bad_files(tmp_path):
+    X, y = blobs(seed=7)
+    g = fit_gmm(X, y, components_per_class=2, class_names=["a", "b", "c"])
+    p = save_gmm(tmp_path / "g.npz", g, {"producer": "test"})
+    h = load_gmm(p)
+    for name in ("weights", "means", "variances", "labels"):
+        np.testing.assert_array_equal(getattr(h, name), getattr(g, name))
+    assert h.class_names == ["a", "b", "c"] and h.meta["producer"] == "test"
+    bad = tmp_path / "bad.npz"
+    write_npz(bad, "gmm", dict(weights=[0.5, 0.6], means=np.zeros((2, 3)), variances=np.ones((2, 3))))
+    with pytest.raises(FedalignError, match="sum to 1"):
+        load_gmm(bad)
+    write_npz(bad, "map", dict(A=np.eye(2), b=np.zeros(2)))
+    with pytest.raises(FedalignError, match="expected a gmm file"):
+        load_gmm(bad)
+
+
+def test_cli_fit_gmm_labeled_unlabeled_and_errors(feature_file, tmp_path):
+    path, X, y = feature_file("c.h5", n=240, d=6, n_classes=3)
+    out = tmp_path / "c.gmm.npz"
+    r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(out), "--components-per-class", "2",
+                            "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    g = load_gmm(out)
+    assert g.K == 6 and g.class_names == ["c0", "c1", "c2"]
+    ref = fit_gmm(X, y, 2, seed=1)
+    np.testing.assert_allclose(g.means, ref.means, rtol=1e-12)
+    out2 = tmp_path / "c2.gmm.npz"
+    r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(out2), "-k", "2", "--seed", "1"])
+    assert out.read_bytes() == out2.read_bytes()          # same seed → byte-identical
+    tpath, _, _ = feature_file("t.h5", n=150, d=6, unlabeled=True)
+    r = runner.invoke(app, ["fit-gmm", str(tpath), "-o", str(tmp_path / "t.npz"), "-k", "2"])
+    assert r.exit_code == 0, r.output
+    assert load_gmm(tmp_path / "t.npz").labels is None and load_gmm(tmp_path / "t.npz").K == 6
+    r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(tmp_path / "x.npz"), "--class-weights", "odd"])
+    assert r.exit_code == 2 and "class weights" in r.output and not (tmp_path / "x.npz").exists()
+    r = runner.invoke(app, ["fit-gmm", str(tmp_path / "missing.h5"), "-o", str(tmp_path / "x.npz")])
+    assert r.exit_code == 2 and "no such file" in r.output
+    r = runner.invoke(app, ["fit-gmm", str(out), "-o", str(tmp_path / "x.npz")])   # a gmm, not features
+    assert r.exit_code == 2 and "not a readable HDF5" in r.output and not (tmp_path / "x.npz").exists()
+
+
+def test_cli_fit_gmm_subprocess(feature_file, tmp_path):
+    path, _, _ = feature_file("s.h5", n=120, d=4, n_classes=2)
+    out = tmp_path / "s.gmm.npz"
+    r = subprocess.run([sys.executable, "-m", "fedalign", "fit-gmm", str(path), "-o", str(out),
+                        "-k", "3", "--class-weights", "prior"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "K=6" in r.stderr and load_gmm(out).K == 6
