@@ -1,0 +1,179 @@
+"""Heads: closed forms against centralized oracles, O-FedAvg averaging, and what leaves a client."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedalign.errors import FedalignError
+from fedalign.heads import METHODS, LinearHead, client_seed, get_method, run_method
+from fedalign.heads import fedpft, ofedavg
+from fedalign.heads.linear import train_softmax
+
+C, D = 4, 6
+
+
+def blobs(n, seed, shift=0.0, classes=C):
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(99).normal(size=(C, D)) * 3
+    y = rng.integers(0, classes, n)
+    X = centers[y] + rng.normal(size=(n, D)) @ rng.normal(size=(D, D)) * 0.5 + shift
+    return X.astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def clients():
+    # sizes differ from D, C and every K so a raw-row array would show up by its length
+    return [blobs(53, 1), blobs(71, 2, shift=0.7), blobs(37, 3, shift=-0.4)]
+
+
+def pooled(clients):
+    return np.concatenate([c[0] for c in clients]), np.concatenate([c[1] for c in clients])
+
+
+def test_fedcgs_equals_sklearn_lda_on_pooled_data(clients):
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    X, y = pooled(clients)
+    for ridge in (0.0, 0.2):
+        head, _ = run_method("fedcgs", clients, C, params={"covariance": "within", "ridge": ridge})
+        lda = LinearDiscriminantAnalysis(solver="lsqr", shrinkage=ridge or None).fit(X.astype(np.float64), y)
+        assert np.allclose(head.W, lda.coef_, rtol=1e-8, atol=1e-8 * np.abs(lda.coef_).max())
+        assert np.allclose(head.b, lda.intercept_, rtol=1e-8, atol=1e-8)
+
+
+def test_fedcgs_and_fed3r_do_not_depend_on_the_partition(clients):
+    X, y = pooled(clients)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(y))
+    other = [(X[order[:20]], y[order[:20]]), (X[order[20:]], y[order[20:]])]
+    for m in ("fedcgs", "fed3r"):
+        a, _ = run_method(m, clients, C)
+        b, _ = run_method(m, [(X, y)], C)
+        c, _ = run_method(m, other, C)
+        for h in (b, c):
+            assert np.allclose(a.W, h.W, rtol=1e-9, atol=1e-9) and np.allclose(a.b, h.b, atol=1e-9)
+
+
+def test_fed3r_equals_sklearn_ridge(clients):
+    from sklearn.linear_model import Ridge
+
+    X, y = pooled(clients)
+    Y = np.eye(C)[y]
+    coef = Ridge(alpha=0.01, fit_intercept=False, solver="cholesky").fit(X.astype(np.float64), Y).coef_
+    coef = coef / np.linalg.norm(coef, axis=1, keepdims=True)
+    head, _ = run_method("fed3r", clients, C)
+    assert np.allclose(head.W, coef, rtol=1e-7, atol=1e-9)
+    assert np.all(head.b == 0)
+
+
+def test_absent_class_is_never_predicted():
+    cl = [blobs(60, 5, classes=3), blobs(40, 6, classes=3)]  # class 3 absent everywhere
+    Xt, _ = blobs(200, 7)
+    for m in ("fedcgs", "fed3r"):
+        head, _ = run_method(m, cl, C)
+        assert head.b[3] == -np.inf and np.all(np.isfinite(head.b[:3]))
+        assert 3 not in set(head.predict(Xt))
+
+
+def test_ofedavg_one_client_equals_local_training(clients):
+    params = {"epochs": 3}
+    cfg = get_method("ofedavg").config(params)
+    head, msgs = run_method("ofedavg", clients[:1], C, seed=4, params=params)
+    init = ofedavg.server_init(D, C, cfg, 4)
+    W, b = train_softmax(*clients[0], C, epochs=3, lr=1e-3, batch_size=64, seed=client_seed(4, 0),
+                         init=(init["W"], init["b"]))
+    assert np.array_equal(head.W, W) and np.array_equal(head.b, b)
+
+
+def test_ofedavg_averages_once(clients):
+    for weighting in ("equal", "samples"):
+        params = {"epochs": 2, "weighting": weighting}
+        head, msgs = run_method("ofedavg", clients, C, seed=0, params=params)
+        n = np.array([len(c[1]) for c in clients], float)
+        w = n / n.sum() if weighting == "samples" else np.full(3, 1 / 3)
+        assert np.allclose(head.W, sum(wk * m["W"] for wk, m in zip(w, msgs)), rtol=1e-12)
+        assert [int(m["n"]) for m in msgs] == [53, 71, 37]
+    # the clients start from the same broadcast, then diverge
+    assert not np.allclose(msgs[0]["W"], msgs[1]["W"])
+
+
+def test_training_learns_and_is_deterministic(clients):
+    Xt, yt = blobs(300, 11, shift=0.2)
+    for m, params in [("ofedavg", {"epochs": 20, "lr": 0.01}), ("centralized", {"epochs": 10}),
+                      ("fedpft", {"epochs": 10, "components": 2}), ("fedpft-k1", {"epochs": 10, "lr": 0.01})]:
+        h1, _ = run_method(m, clients, C, seed=1, params=params)
+        h2, _ = run_method(m, clients, C, seed=1, params=params)
+        h3, _ = run_method(m, clients, C, seed=2, params=params)
+        assert np.array_equal(h1.W, h2.W), m
+        assert not np.array_equal(h1.W, h3.W), m
+        assert h1.accuracy(Xt, yt) > 0.85, (m, h1.accuracy(Xt, yt))
+
+
+def test_softmax_before_ce_option_changes_training(clients):
+    a, _ = run_method("ofedavg", clients, C, params={"epochs": 2})
+    b, _ = run_method("ofedavg", clients, C, params={"epochs": 2, "softmax_before_ce": "true"})
+    assert not np.allclose(a.W, b.W)
+
+
+@pytest.mark.parametrize("name", [m for m in METHODS if m != "centralized"])
+def test_messages_hold_aggregates_only(clients, name):
+    params = {"epochs": 1} if name.startswith(("fedpft", "ofedavg")) else {}
+    _, msgs = run_method(name, clients, C, params=params)
+    mod = get_method(name).load()
+    for (X, y), msg in zip(clients, msgs):
+        assert set(msg) == set(mod.MESSAGE_KEYS)
+        rows = {tuple(np.round(r, 2)) for r in X.astype(np.float64)}
+        for key, a in msg.items():
+            a = np.asarray(a)
+            assert len(y) not in a.shape, (name, key, a.shape)  # no per-sample axis
+            if a.ndim >= 1 and a.shape[-1] == D:
+                flat = a.reshape(-1, D).astype(np.float64)
+                assert not any(tuple(np.round(r, 2)) in rows for r in flat), (name, key)
+
+
+def test_centralized_is_the_only_raw_method(clients):
+    _, msgs = run_method("centralized", clients, C, params={"epochs": 1})
+    assert np.array_equal(msgs[0]["X"], clients[0][0])
+    assert get_method("centralized").load().SHARES_RAW_DATA
+
+
+def test_fedpft_message_float16_and_few_samples():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, D)).astype(np.float32)
+    y = np.array([0] * 24 + [1] * 5 + [2])  # 24, 5 and 1 samples; class 3 absent
+    cfg = get_method("fedpft").config({"components": 10})
+    msg = fedpft.client_update(X, y, C, cfg, seed=0)
+    for k in ("weights", "means", "covariances"):
+        assert msg[k].dtype == np.float16
+    assert msg["covariances"].shape == (C, 10, D)
+    assert list(msg["counts"]) == [24, 5, 1, 0]
+    nc = msg["n_components"]
+    assert 1 <= nc[0] <= 10 and 1 <= nc[1] <= 2 and nc[2] == 0 and nc[3] == 0  # ≤ ⌊n/2⌋, ≤ K
+    for c in (0, 1):  # every sent component carries ≥ 2 samples of weight; padding has weight 0
+        w = msg["weights"][c].astype(float)
+        assert np.all(w[: nc[c]] * msg["counts"][c] >= 2 - 0.05) and np.all(w[nc[c]:] == 0)
+    Xs, ys, report = fedpft.synthesize([msg], C, seed=0)
+    assert np.bincount(ys, minlength=C).tolist() == [24, 5, 0, 0]
+    assert report["unfitted"] == [(0, 2, 1)]
+    for cov in ("spherical", "full"):
+        cfg2 = get_method("fedpft").config({"components": 2, "covariance": cov})
+        m2 = fedpft.client_update(X, y, C, cfg2, seed=0)
+        assert m2["covariances"].shape == ((C, 2) if cov == "spherical" else (C, 2, D, D))
+        assert fedpft.synthesize([m2], C, seed=0)[0].shape == (29, D)
+
+
+def test_bad_options():
+    with pytest.raises(FedalignError, match="unknown method"):
+        get_method("fedsomething")
+    with pytest.raises(FedalignError, match="unknown option"):
+        get_method("fedcgs").config({"lr": "1"})
+    with pytest.raises(FedalignError, match="cannot read"):
+        get_method("ofedavg").config({"epochs": "ten"})
+    with pytest.raises(FedalignError, match="weighting"):
+        get_method("ofedavg").config({"weighting": "random"})
+
+
+def test_linear_head_accuracy_ignores_unlabeled():
+    h = LinearHead(np.eye(2), np.zeros(2))
+    assert h.accuracy(np.array([[1.0, 0], [0, 1], [0, 1]]), np.array([0, 0, -1])) == 0.5
