@@ -22,7 +22,7 @@ def test_quickstart_reduced(tmp_path):
     out = tmp_path / "out"
     fa = f"{sys.executable} -m fedalign"
     cmd = ["make", "-C", str(ROOT / "examples" / "quickstart"), f"OUT={out}", f"FA={fa}", "SEEDS=0",
-           "PER_DOMAIN=60", "SIZE=24", "IMAGE_SIZE=48", "ROUNDS=1", "LOCAL_STEPS=2",
+           "PER_DOMAIN=60", "SIZE=24", "IMAGE_SIZE=48", "ROUNDS=2", "LOCAL_STEPS=10",
            "METHODS=-m fedcgs -m fed3r -m ofedavg", "PARAMS=--param ofedavg.epochs=3",
            "TARGET=ink", "DADIL_K=1", "ATOM_K=10"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
