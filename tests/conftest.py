@@ -32,3 +32,16 @@ def feature_file(tmp_path):
         return p, X, y
 
     return _make
+
+
+@pytest.fixture
+def one_thread():
+    """Small matrices: one torch/BLAS thread avoids spin-waiting on a loaded machine."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(limits=1):
+        yield
+    torch.set_num_threads(n)

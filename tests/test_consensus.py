@@ -13,17 +13,7 @@ from fedalign.gossip import PublishedAtoms, save_atoms
 A, K, D, C = 2, 3, 4, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matrices: one torch/BLAS thread avoids spin-waiting on a loaded machine."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1):
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def atoms(seed=0):

@@ -20,17 +20,7 @@ from test_gossip import blobs, make_gmms
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matrices: one torch/BLAS thread avoids spin-waiting on a loaded machine."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1):
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(*args):

@@ -212,14 +212,4 @@ def test_target_classifier_beats_chance_on_blobs(tmp_path):
     assert accuracy(target_classifier(st, "linear", 200), X, y) >= 0.9
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matrices: one torch/BLAS thread avoids spin-waiting on a loaded machine."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1):
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
