@@ -132,7 +132,6 @@ def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: 
         if ff.d != amap.A.shape[0]:
             raise FedalignError(f"dimension mismatch: {src} has d={ff.d}, map has d={amap.A.shape[0]}")
         prov = dict(ff.provenance)
-        prov.setdefault("history", [])
         prov["history"] = list(prov.get("history", [])) + [dict(provenance or {}, step="align", tau=tau)]
         ids = ff.ids
         with atomic_output(out, suffix=".tmp.h5") as tmp:

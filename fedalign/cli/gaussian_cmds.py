@@ -57,10 +57,6 @@ def barycenter_cmd(
     from fedalign.files import sha256_file
     from fedalign.stats import load_stats
 
-    if weights not in ("samples", "uniform"):
-        from fedalign.errors import FedalignError
-
-        raise FedalignError(f"--weights must be 'samples' or 'uniform', got {weights!r}")
     sts = [load_stats(p) for p in stats]
     t0 = time.perf_counter()
     ref = make_reference(sts, weights, tol=tol, max_iter=max_iter)
