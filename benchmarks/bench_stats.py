@@ -80,9 +80,12 @@ def _file_memory(rows, d):
                 m = min(50_000, rows - i)
                 w.append(rng.normal(size=(m, d)).astype(np.float32), np.zeros(m), [""] * m)
         size = os.path.getsize(path) / 2**30
-        code = ("import resource,time;from fedalign.stats import compute_stats;t=time.time();"
+        # peak RSS from /proc (VmHWM): getrusage's ru_maxrss survives exec and would report the
+        # RSS of this (large) parent process at fork time
+        code = ("import re,time;from fedalign.stats import compute_stats;t=time.time();"
                 f"s=compute_stats({path!r});"
-                "print(time.time()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20)")
+                "h=int(re.search(r'VmHWM:\\s*(\\d+)',open('/proc/self/status').read()).group(1));"
+                "print(time.time()-t, h/2**20)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         t, peak = map(float, out.stdout.split())
         print(f"file {rows}×{d} float32 = {size:.2f} GiB: compute_stats {t:.1f}s, "

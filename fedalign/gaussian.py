@@ -136,48 +136,51 @@ def fixed_point_residual(S, covs, weights) -> float:
     return float(np.linalg.norm(sym(Rinv @ T @ Rinv) - np.eye(S.shape[0])) / np.sqrt(S.shape[0]))
 
 
-class _Roots:
-    """Square roots X_k = (Lᵀ Σ_k L)^{1/2} for a Cholesky factor S = L Lᵀ.
+def _full(U):
+    """Symmetric matrix from its upper triangle (BLAS ``syrk`` output)."""
+    return np.triu(U) + np.triu(U, 1).T
+
+
+class _RootSum:
+    """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2} for a lower Cholesky factor S = L Lᵀ.
 
     Any factor F with F Fᵀ = S gives the same maps, F^{-T}(Fᵀ Σ_k F)^{1/2} F^{-1} =
     S^{-1/2}(S^{1/2} Σ_k S^{1/2})^{1/2} S^{-1/2}, so the Cholesky factor (cheap, no
-    eigendecomposition of S) replaces S^{1/2}. Early iterations take a clipped eigendecomposition
-    of each Lᵀ Σ_k L; once S moves little, one Newton (chord) correction in the last eigenbasis
-    V, s = eig(X_ref) replaces it:  X ← X + V [(Vᵀ(M − X²)V) / (s_i + s_j)] Vᵀ
-    (four matrix products instead of an eigendecomposition; the fixed point is unchanged).
+    eigendecomposition of S) replaces S^{1/2}. Each client costs two triangular products
+    (``trmm``), one clipped symmetric eigendecomposition M_k = V diag(λ) Vᵀ and one ``syrk``
+    w_k V diag(√λ) Vᵀ. Clients run in a thread pool, each with single-threaded BLAS
+    (oversubscribed multithreaded LAPACK is slow on small machines).
     """
 
-    def __init__(self, covs, workers):
+    def __init__(self, covs, weights, workers):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.covs = covs
-        self.X = [None] * len(covs)
-        self.V = [None] * len(covs)
-        self.s = [None] * len(covs)
-        self.defect = [None] * len(covs)
-        self.pool = ThreadPoolExecutor(max(1, min(workers, len(covs))))
+        import scipy.linalg.blas  # noqa: F401  (loaded first, so that the controller sees it)
+        from threadpoolctl import ThreadpoolController
 
-    def _one(self, k, L, exact):
-        M = sym(L.T @ self.covs[k] @ L)
-        if exact or self.X[k] is None:
-            w, V = eigh_clipped(M)
-            s = np.sqrt(w)
-            self.V[k], self.s[k], self.X[k] = V, s, sym((V * s) @ V.T)
-            self.defect[k] = None
-        else:
-            V, s, X = self.V[k], self.s[k], self.X[k]
-            D = M - X @ X
-            defect = float(np.linalg.norm(D))
-            # safeguard: defects ‖M − X²‖ must keep shrinking, else decompose afresh
-            if not np.isfinite(defect) or (self.defect[k] is not None and defect > self.defect[k]):
-                return self._one(k, L, True)
-            self.defect[k] = defect
-            self.X[k] = sym(X + V @ ((V.T @ D @ V) / (s[:, None] + s[None, :])) @ V.T)
-        return self.X[k]
+        self.covs = [np.asfortranarray(C) for C in covs]
+        self.weights = weights
+        self.n_workers = max(1, min(workers, len(covs)))
+        self.pool = ThreadPoolExecutor(self.n_workers)
+        self.blas = ThreadpoolController()
 
-    def mean(self, L, weights, exact):
-        roots = list(self.pool.map(lambda k: self._one(k, L, exact), range(len(self.covs))))
-        return sym(sum(w * X for w, X in zip(weights, roots)))
+    def _part(self, ks, L):
+        from scipy.linalg.blas import dsyrk, dtrmm
+
+        T = np.zeros(L.shape, order="F")
+        for k in ks:
+            M = dtrmm(1.0, L, dtrmm(1.0, L, self.covs[k], side=1, lower=1), lower=1, trans_a=1)
+            w, V = eigh_clipped(M, symmetrize=False)
+            T = dsyrk(1.0, V * np.sqrt(self.weights[k] * np.sqrt(w)), beta=1.0, c=T,
+                      overwrite_c=1)
+        return T
+
+    def __call__(self, L):
+        L = np.asfortranarray(L)
+        groups = [range(i, len(self.covs), self.n_workers) for i in range(self.n_workers)]
+        with self.blas.limit(limits=1, user_api="blas"):
+            parts = list(self.pool.map(lambda ks: self._part(ks, L), groups))
+        return _full(sum(parts))
 
     def close(self):
         self.pool.shutdown()
@@ -192,28 +195,24 @@ def _congruence_inv(L, T):
 
 
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
-                     init: np.ndarray | None = None, chord_below: float = 1e-3,
-                     anderson: int = 5, workers: int | None = None,
-                     reduce: bool = True) -> tuple[np.ndarray, dict]:
+                     init: np.ndarray | None = None, anderson: int = 5,
+                     workers: int | None = None, reduce: bool = True) -> tuple[np.ndarray, dict]:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
 
     Iteration (with S = L Lᵀ, Cholesky):
         G = L^{-T} (Σ_k w_k (Lᵀ Σ_k L)^{1/2}) L^{-1}   (= Σ_k w_k A_k⁻¹, maps barycenter → clients)
         S ← G S G                                       (= S^{-1/2} T² S^{-1/2})
-    accelerated by Anderson mixing (memory ``anderson``, SPD-safeguarded) and, once the
-    relative change of S drops below ``chord_below``, Newton (chord) updates of the square
-    roots instead of fresh eigendecompositions. The returned residual is always recomputed
-    with exact eigendecompositions. The K square roots run in a thread pool with
-    single-threaded BLAS (oversubscribed multithreaded LAPACK is slow on small machines).
+    accelerated by Anderson mixing (memory ``anderson``, SPD-safeguarded). Every iteration uses
+    exact eigendecompositions, so the residual ‖G − I‖_F/√d measured at an iterate is exact;
+    the iterate returned is the one whose residual was measured last.
 
     Parameters
     ----------
     covs : sequence of K (d, d) SPD matrices
     weights : (K,) nonnegative, summing to 1 (uniform if None)
     tol : stop when the fixed-point residual ‖Σ w_k A_k⁻¹ − I‖_F/√d ≤ tol
-    max_iter : iteration bound
+    max_iter : bound on the number of residual evaluations (K eigendecompositions each)
     init : starting matrix; default Σ_k w_k Σ_k
-    chord_below : switch to chord square roots below this relative change (0 disables)
     anderson : Anderson memory (0 disables)
     workers : threads for the K square roots (default: CPU count)
     reduce : solve on the common subspace outside which all Σ_k are scalar when it is at most
@@ -222,11 +221,10 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     Returns
     -------
     S : (d, d) barycenter covariance
-    info : dict with iterations, rel_change, residual (exact), converged, history
+    info : dict with iterations, rel_change (‖S_next − S‖_F/‖S‖_F), residual (exact, at S),
+        converged, history of (rel_change, residual), reduced_dim
     """
     import os
-
-    from threadpoolctl import ThreadpoolController
 
     covs = [sym(np.asarray(C, dtype=np.float64)) for C in covs]
     K = len(covs)
@@ -239,28 +237,23 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     weights = normalize_weights(weights, K)
     if K == 1:
         return covs[0].copy(), dict(iterations=0, rel_change=0.0, residual=0.0, converged=True,
-                                    history=[])
+                                    history=[], reduced_dim=None)
     # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
     scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
     covs = [C + 1e-12 * scale * np.eye(d) for C in covs]
     workers = workers or os.cpu_count() or 1
-    with ThreadpoolController().limit(limits=1, user_api="blas"):
-        split = _scalar_complement(covs, workers) if reduce and init is None else None
-        if split is not None:
-            U, c = split
-            if U.shape[1] == 0:
-                cb = float(np.dot(weights, np.sqrt(c))) ** 2
-                return cb * np.eye(d), dict(iterations=0, rel_change=0.0, residual=0.0,
-                                            converged=True, history=[], reduced_dim=0)
-            covs = [sym(U.T @ C @ U) for C in covs]
-        S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
-        S, info = _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers)
-        info["residual"] = fixed_point_residual(S, covs, weights)
-    info["converged"] = bool(info["residual"] <= max(tol, 1e-13) * 10 or info["converged"])
-    info["reduced_dim"] = None if split is None else int(split[0].shape[1])
-    if split is not None:  # S = U B Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ)
+    split = _scalar_complement(covs, workers) if reduce and init is None else None
+    if split is not None:
         U, c = split
         cb = float(np.dot(weights, np.sqrt(c))) ** 2
+        if U.shape[1] == 0:
+            return cb * np.eye(d), dict(iterations=0, rel_change=0.0, residual=0.0,
+                                        converged=True, history=[], reduced_dim=0)
+        covs = [sym(U.T @ C @ U) for C in covs]
+    S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
+    S, info = _iterate(S, covs, weights, tol, max_iter, anderson, workers)
+    info["reduced_dim"] = None if split is None else int(split[0].shape[1])
+    if split is not None:  # S = U B Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ)
         S = sym(U @ (S - cb * np.eye(U.shape[1])) @ U.T)
         S[np.diag_indices_from(S)] += cb
     return S, info
@@ -285,11 +278,18 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     d = covs[0].shape[0]
     if d < 64:
         return None
+
+    def scalar_part(w):
+        return w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
+
+    # cheap screen (eigenvalues only) on one client before decomposing all of them
+    if scalar_part(np.linalg.eigvalsh(covs[0])).sum() < d - max_fraction * d:
+        return None
     with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
         eigs = list(pool.map(lambda C: np.linalg.eigh(C), covs))
     bases, c = [], []
     for w, V in eigs:
-        scalar = w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
+        scalar = scalar_part(w)
         if scalar.sum() < d - max_fraction * d:
             return None
         c.append(float(np.mean(w[scalar])))
@@ -306,32 +306,33 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     return Q[:, :r], np.array(c)
 
 
-def _iterate(S, covs, weights, tol, max_iter, chord_below, anderson, workers):
+def _iterate(S, covs, weights, tol, max_iter, anderson, workers):
+    from scipy.linalg.blas import dsyrk, dtrmm
+    from threadpoolctl import ThreadpoolController
+
     d = S.shape[0]
     I = np.eye(d)
-    iu = np.triu_indices(d)
-    roots = _Roots(covs, workers)
-    xs, gs, history = [], [], []
-    exact, rel, res, converged, it = True, np.inf, np.inf, False, 0
-    try:
-        for it in range(1, max_iter + 1):
-            L = _safe_cholesky(S)
-            G = _congruence_inv(L, roots.mean(L, weights, exact))
-            res = float(np.linalg.norm(G - I) / np.sqrt(d))
-            F = sym(G @ S @ G)
-            rel = float(np.linalg.norm(F - S) / np.linalg.norm(S))
-            history.append((rel, res))
-            if res <= tol:
-                S, converged = F, True
-                break
-            if not exact and len(history) > 1 and res > 0.9 * history[-2][1]:
-                exact, chord_below = True, 0.0  # chord stalls (ill-conditioned): stay exact
-            elif exact and rel < chord_below:
-                exact = False
-            S = _anderson_step(S, F, xs, gs, iu, anderson) if anderson else F
-    finally:
-        roots.close()
-    return S, dict(iterations=it, rel_change=rel, residual=res, converged=converged,
+    root_sum = _RootSum(covs, weights, workers)
+    mixer, history = _Anderson(anderson), []
+    rel, res, converged, it = np.inf, np.inf, False, 0
+    L = _safe_cholesky(S)
+    # the root sum runs clients in parallel threads with one BLAS thread each; the remaining
+    # d × d kernels gain from BLAS threads only at large d
+    with ThreadpoolController().limit(limits=1 if d < 1024 else None, user_api="blas"):
+        try:
+            for it in range(1, max_iter + 1):
+                G = _congruence_inv(L, root_sum(L))
+                res = float(np.linalg.norm(G - I) / np.sqrt(d))
+                F = _full(dsyrk(1.0, dtrmm(1.0, L, G, side=1, lower=1)))  # G S G = (GL)(GL)ᵀ
+                rel = float(np.linalg.norm(F - S) / np.linalg.norm(S))
+                history.append((rel, res))
+                converged = res <= tol
+                if converged or it == max_iter:
+                    break
+                S, L = mixer.step(S, F)
+        finally:
+            root_sum.close()
+    return S, dict(iterations=it, rel_change=rel, residual=res, converged=bool(converged),
                    history=history)
 
 
@@ -349,32 +350,43 @@ def _safe_cholesky(S):
     raise FedalignError("barycenter iterate lost positive definiteness (inputs too singular)")
 
 
-def _anderson_step(S, F, xs, gs, iu, memory):
-    """Anderson (type II) mixing of the fixed-point map on the upper triangle of S.
+class _Anderson:
+    """Anderson (type II) mixing of a fixed-point map S ↦ F, in the Frobenius inner product.
 
-    Falls back to the plain update F (and clears the memory) if the mixed matrix is not SPD.
+    Keeps the last ``memory`` differences of iterates and of residuals F − S; each step solves
+    the small least-squares problem min_γ ‖g − Σ γ_i ΔG_i‖ through its m × m normal equations
+    and returns S + g − Σ γ_i (ΔX_i + ΔG_i).
     """
-    x, g = S[iu], F[iu] - S[iu]
-    xs.append(x)
-    gs.append(g)
-    del xs[: -(memory + 1)], gs[: -(memory + 1)]
-    if len(xs) < 2:
-        return F
-    dG = np.stack([b - a for a, b in zip(gs[:-1], gs[1:])], axis=1)
-    dX = np.stack([b - a for a, b in zip(xs[:-1], xs[1:])], axis=1)
-    gamma = np.linalg.lstsq(dG, g, rcond=None)[0]
-    v = x + g - (dX + dG) @ gamma
-    d = S.shape[0]
-    N = np.zeros((d, d))
-    N[iu] = v
-    N = N + np.triu(N, 1).T
-    try:
-        np.linalg.cholesky(N)
-    except np.linalg.LinAlgError:
-        xs.clear()
-        gs.clear()
-        return F
-    return N
+
+    def __init__(self, memory):
+        from collections import deque
+
+        self.memory = memory
+        self.dx, self.dg = deque(maxlen=memory), deque(maxlen=memory)
+        self.last = None
+
+    def step(self, S, F):
+        """Next iterate and its lower Cholesky factor; plain F (memory cleared) if not SPD."""
+        from scipy.linalg import LinAlgError, cholesky
+
+        x, g = S.ravel(), (F - S).ravel()
+        if self.last is not None and self.memory:
+            self.dx.append(x - self.last[0])
+            self.dg.append(g - self.last[1])
+        self.last = (x, g)
+        if self.dg:
+            gram = np.array([[a @ b for b in self.dg] for a in self.dg])
+            gamma = np.linalg.lstsq(gram, np.array([a @ g for a in self.dg]), rcond=None)[0]
+            v = x + g
+            for c, ddx, ddg in zip(gamma, self.dx, self.dg):
+                v -= c * (ddx + ddg)
+            N = sym(v.reshape(S.shape))
+            try:
+                return N, cholesky(N, lower=True)
+            except LinAlgError:
+                self.dx.clear()
+                self.dg.clear()
+        return F, _safe_cholesky(F)
 
 
 def normalize_weights(weights, K: int) -> np.ndarray:

@@ -18,7 +18,8 @@ def sym(M: np.ndarray) -> np.ndarray:
     return 0.5 * (M + M.T)
 
 
-def eigh_clipped(S: np.ndarray, floor: float = EIG_FLOOR) -> tuple[np.ndarray, np.ndarray]:
+def eigh_clipped(S: np.ndarray, floor: float = EIG_FLOOR,
+                 symmetrize: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Eigendecomposition of the symmetric part of ``S`` with eigenvalues clipped.
 
     Parameters
@@ -26,13 +27,17 @@ def eigh_clipped(S: np.ndarray, floor: float = EIG_FLOOR) -> tuple[np.ndarray, n
     S : (d, d) array
     floor : float
         Relative floor: eigenvalues are clipped to ``>= floor * max(max_eig, tiny)``.
+    symmetrize : bool
+        Decompose ``(S + Sᵀ)/2`` (default); if False, only the lower triangle of ``S`` is read
+        (for inputs symmetric by construction — saves a copy).
 
     Returns
     -------
     w : (d,) float64 eigenvalues, all ``> 0``
     V : (d, d) float64 orthonormal eigenvectors, ``S ≈ V diag(w) Vᵀ``
     """
-    w, V = np.linalg.eigh(sym(np.asarray(S, dtype=np.float64)))
+    S = np.asarray(S, dtype=np.float64)
+    w, V = np.linalg.eigh(sym(S) if symmetrize else S)
     top = max(float(w[-1]) if w.size else 0.0, np.finfo(np.float64).tiny)
     return np.maximum(w, floor * top), V
 

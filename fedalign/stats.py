@@ -58,39 +58,46 @@ class Moments:
     n_classes: int | None = None
     class_counts: np.ndarray | None = None
     class_sums: np.ndarray | None = None
-    _upper_only: bool = field(default=False, repr=False)
+    _acc: np.ndarray | None = field(default=None, repr=False)
+    _buf: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         d = self.d
         if self.sum_y is None:
             self.sum_y = np.zeros(d)
-            # Fortran order so BLAS syrk can accumulate in place.
-            self.sum_yy = np.zeros((d, d), order="F")
+            self.sum_yy = np.zeros((d, d))
             self.sum_sqnorm_y = np.zeros(d)
-            self._upper_only = True
+            # streaming accumulator: upper triangle of Σ b bᵀ for b = [y, 1, ‖y‖²] (Fortran
+            # order so BLAS syrk accumulates in place); unpacked by finalize()
+            self._acc = np.zeros((d + 2, d + 2), order="F")
         if self.n_classes is not None and self.class_counts is None:
             self.class_counts = np.zeros(self.n_classes, dtype=np.int64)
             self.class_sums = np.zeros((self.n_classes, d))
 
     def update(self, X: np.ndarray, labels: np.ndarray | None = None) -> "Moments":
-        """Add a block of rows X (m, d); labels (m,) int with -1 for unlabeled."""
+        """Add a block of rows X (m, d); labels (m,) int with -1 for unlabeled.
+
+        One BLAS ``syrk`` on the augmented rows b = [y, 1, ‖y‖²] (m, d + 2) accumulates every
+        sum at once: Σ y yᵀ, Σ y, Σ ‖y‖² y and Σ ‖y‖⁴ are blocks of Σ b bᵀ.
+        """
         X = np.asarray(X)
         if X.ndim != 2 or X.shape[1] != self.d:
             raise FedalignError(f"block has shape {X.shape}, expected (m, {self.d})")
         if len(X) == 0:
             return self
+        if self._acc is None:
+            raise RuntimeError("update() after finalize(); create a new Moments")
         if self.shift is None:
             self.shift = X.mean(axis=0, dtype=np.float64)
-        Y = X.astype(np.float64) - self.shift
-        if not self._upper_only:
-            raise RuntimeError("update() after finalize(); create a new Moments")
-        # Upper triangle of Σ yyᵀ with BLAS syrk (half the flops of a GEMM): C += Yᵀ Y.
-        self.sum_yy = dsyrk(1.0, Y.T, beta=1.0, c=self.sum_yy, trans=0, lower=0, overwrite_c=1)
-        q = np.einsum("ij,ij->i", Y, Y)
-        self.sum_y += Y.sum(axis=0)
-        self.sum_sqnorm_y += q @ Y
-        self.sum_sqnorm2 += float(q @ q)
-        self.n += len(X)
+        m, d = X.shape
+        if self._buf is None or len(self._buf) < m:
+            self._buf = np.empty((m, d + 2))
+        B = self._buf[:m]
+        np.subtract(X, self.shift, out=B[:, :d], dtype=np.float64)
+        B[:, d] = 1.0
+        np.einsum("ij,ij->i", B[:, :d], B[:, :d], out=B[:, d + 1])
+        self._acc = dsyrk(1.0, B.T, beta=1.0, c=self._acc, trans=0, lower=0, overwrite_c=1)
+        self.n += m
         if self.class_counts is not None and labels is not None:
             labels = np.asarray(labels)
             keep = labels >= 0
@@ -106,11 +113,15 @@ class Moments:
         return self
 
     def finalize(self) -> "Moments":
-        """Fill the lower triangle of ``sum_yy`` (after the last :meth:`update`)."""
-        if self._upper_only:
-            U = np.triu(self.sum_yy)
-            self.sum_yy = np.ascontiguousarray(U + np.triu(U, 1).T)
-            self._upper_only = False
+        """Unpack the streaming accumulator into the sums (after the last :meth:`update`)."""
+        if self._acc is not None:
+            d, A = self.d, self._acc
+            U = np.triu(A[:d, :d])
+            self.sum_yy = self.sum_yy + U + np.triu(U, 1).T
+            self.sum_y = self.sum_y + A[:d, d]
+            self.sum_sqnorm_y = self.sum_sqnorm_y + A[:d, d + 1]
+            self.sum_sqnorm2 += float(A[d + 1, d + 1])
+            self._acc = self._buf = None
         return self
 
     # -- derived quantities --------------------------------------------------------------------
@@ -118,6 +129,7 @@ class Moments:
     def mean(self) -> np.ndarray:
         """(d,) sample mean."""
         self._check_n(1)
+        self.finalize()
         return self.shift + self.sum_y / self.n
 
     def empirical_covariance(self) -> np.ndarray:
