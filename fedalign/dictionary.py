@@ -34,12 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from fedalign.errors import FedalignError
 from fedalign.gmm import GMM
-from fedalign.gmm_barycenter import barycenter_plans, labeled_barycenter, project_np
-from fedalign.mixture_ot import DTYPE, emd_plan, mw2, sq_dist_np
+from fedalign.gmm_barycenter import barycenter_plans, labeled_barycenter, project_np, softmax_np
+from fedalign.mixture_ot import emd_plan, mw2, sq_dist_np
 
 PARAMS = ("means", "variances", "label_logits", "alpha")
 ADAM_BETAS = (0.9, 0.999)
@@ -215,11 +214,6 @@ def domain_loss(alpha: torch.Tensor, means, variances, label_logits, gmm: GMM, l
     return mw2(gmm.weights, gmm.means, gmm.variances, wB, mB, vB), info
 
 
-def _softmax_np(z):
-    e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
 def domain_loss_and_grads(p: dict, gmm: GMM, labeled: bool, n_components: int | None = None,
                           bary_tol: float = 1e-6, bary_max_iter: int = 50):
     """The loss of :func:`domain_loss` and its gradients in closed form (numpy, no autograd).
@@ -239,7 +233,7 @@ def domain_loss_and_grads(p: dict, gmm: GMM, labeled: bool, n_components: int | 
     A, K, _ = M.shape
     KB = int(n_components or K)
     S = np.sqrt(Vr)
-    L = _softmax_np(Z)
+    L = softmax_np(Z)
     plans, _ = barycenter_plans(alpha, M, S, L, KB, bary_tol, bary_max_iter)
     mB, sB, LB = project_np(alpha, plans, M, S, L, KB)
     gm, gs = gmm.means, np.sqrt(gmm.variances)
@@ -277,10 +271,14 @@ def _check_backend(backend):
 
 
 def _tensors(arrays: dict) -> dict:
-    return {k: torch.tensor(v, dtype=DTYPE, requires_grad=True) for k, v in arrays.items()}
+    import torch
+
+    return {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
 
 
 def _grads(loss, tensors: dict) -> dict:
+    import torch
+
     names = list(tensors)
     gs = torch.autograd.grad(loss, [tensors[n] for n in names], allow_unused=True)
     return {n: (np.zeros(tuple(tensors[n].shape)) if g is None else g.numpy().copy())
@@ -418,7 +416,7 @@ def learn_dictionary(gmms: list, target_index: int, n_atoms: int = 3, n_iter: in
             dom_t = [domain_loss(t["alpha"][i], t["means"], t["variances"], t["label_logits"],
                                  g, lab, K, bary_tol, bary_max_iter)[0]
                      for i, (g, lab) in enumerate(zip(gmms, labeled))]
-            grads = _grads(torch.stack(dom_t).sum(), t)
+            grads = _grads(sum(dom_t), t)
             dom = [float(x.detach()) for x in dom_t]
         hist_loss.append(float(sum(dom)))
         hist_dom.append([float(x) for x in dom])

@@ -31,17 +31,24 @@ Adaptation with Gaussian Mixture Models and Optimal Transport", ECML-PKDD 2024.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from fedalign.errors import FedalignError
-from fedalign.mixture_ot import DTYPE, as_tensor, emd_plan, sq_dist_np
+from fedalign.mixture_ot import as_tensor, emd_plan, sq_dist_np
 
 
 def softmax(z: torch.Tensor) -> torch.Tensor:
     """Softmax over the last axis by exp / sum (torch.softmax is slow on tiny tensors when
     its thread pool competes for cores)."""
+    import torch
+
     e = torch.exp(z - z.detach().amax(-1, keepdim=True))
     return e / e.sum(-1, keepdim=True)
+
+
+def softmax_np(z: np.ndarray) -> np.ndarray:
+    """Row softmax over the last axis (numpy)."""
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 def _plans(means, stds, labels, mB, sB, LB, label_term: bool) -> np.ndarray:
@@ -68,7 +75,7 @@ def project_np(alpha, plans, means, stds, labels, KB):
 def _project(alpha, plans, means, stds, labels, KB):
     """The same projection in torch (differentiable in α and the atoms, plans constant)."""
     A, K, _ = plans.shape
-    P = (torch.as_tensor(plans, dtype=DTYPE) * (alpha[:, None, None] * KB)).reshape(A * K, KB).T
+    P = (as_tensor(plans) * (alpha[:, None, None] * KB)).reshape(A * K, KB).T
     return tuple(P @ X.reshape(A * K, X.shape[-1]) for X in (means, stds, labels))
 
 
@@ -104,10 +111,18 @@ def barycenter_plans(alpha, M, S, L, n_components: int, tol: float = 1e-6, max_i
     return plans, dict(iterations=it, rel_change=rel, converged=rel <= tol)
 
 
+def _check_shapes(alpha, means, variances, labels):
+    if means.ndim != 3 or variances.shape != means.shape or labels.ndim != 3 \
+            or labels.shape[:2] != means.shape[:2] or alpha.shape != means.shape[:1]:
+        raise FedalignError(
+            f"barycenter inputs disagree: alpha {tuple(alpha.shape)}, means {tuple(means.shape)}, "
+            f"variances {tuple(variances.shape)}, labels {tuple(labels.shape)}")
+
+
 def labeled_barycenter(alpha, means, variances, labels, n_components: int | None = None,
                        tol: float = 1e-6, max_iter: int = 50, labels_are_logits: bool = False,
                        label_term: bool = True):
-    """Labeled GMM barycenter of A atoms with weights α.
+    """Labeled GMM barycenter of A atoms with weights α, differentiable in torch.
 
     Parameters
     ----------
@@ -123,13 +138,11 @@ def labeled_barycenter(alpha, means, variances, labels, n_components: int | None
     -------
     means (K_B, d), variances (K_B, d), labels (K_B, C) : float64 tensors (differentiable)
     info : dict with iterations, rel_change, converged, plans (A, K, K_B) numpy
+
+    See :func:`labeled_barycenter_np` for the same barycenter without torch.
     """
     alpha, means, variances, labels = (as_tensor(x) for x in (alpha, means, variances, labels))
-    if means.ndim != 3 or variances.shape != means.shape or labels.ndim != 3 \
-            or labels.shape[:2] != means.shape[:2] or alpha.shape != means.shape[:1]:
-        raise FedalignError(
-            f"barycenter inputs disagree: alpha {tuple(alpha.shape)}, means {tuple(means.shape)}, "
-            f"variances {tuple(variances.shape)}, labels {tuple(labels.shape)}")
+    _check_shapes(alpha, means, variances, labels)
     if labels_are_logits:
         labels = softmax(labels)
     KB = int(n_components or means.shape[1])
@@ -142,6 +155,22 @@ def labeled_barycenter(alpha, means, variances, labels, n_components: int | None
     return mB, sB**2, LB, dict(info, plans=plans)
 
 
+def labeled_barycenter_np(alpha, means, variances, labels, n_components: int | None = None,
+                          tol: float = 1e-6, max_iter: int = 50, labels_are_logits: bool = False,
+                          label_term: bool = True):
+    """:func:`labeled_barycenter` in numpy (no gradients, no torch): numpy arrays out."""
+    alpha, means, variances, labels = (np.asarray(x, dtype=np.float64)
+                                       for x in (alpha, means, variances, labels))
+    _check_shapes(alpha, means, variances, labels)
+    if labels_are_logits:
+        labels = softmax_np(labels)
+    KB = int(n_components or means.shape[1])
+    stds = np.sqrt(variances)
+    plans, info = barycenter_plans(alpha, means, stds, labels, KB, tol, max_iter, label_term)
+    mB, sB, LB = project_np(alpha, plans, means, stds, labels, KB)
+    return mB, sB**2, LB, dict(info, plans=plans)
+
+
 def barycenter_gmm(alpha, atoms, n_components: int | None = None, **kw):
     """B(α; atoms) as a numpy :class:`~fedalign.gmm.GMM` (uniform weights, soft labels).
 
@@ -149,9 +178,8 @@ def barycenter_gmm(alpha, atoms, n_components: int | None = None, **kw):
     """
     from fedalign.gmm import GMM
 
-    with torch.no_grad():
-        m, v, L, info = labeled_barycenter(alpha, atoms.means, atoms.variances, atoms.label_logits,
-                                           n_components, labels_are_logits=True, **kw)
+    m, v, L, info = labeled_barycenter_np(alpha, atoms.means, atoms.variances, atoms.label_logits,
+                                          n_components, labels_are_logits=True, **kw)
     KB = m.shape[0]
-    return GMM(np.full(KB, 1.0 / KB), m.numpy(), v.numpy(), L.numpy(),
+    return GMM(np.full(KB, 1.0 / KB), m, v, L,
                meta=dict(barycenter={k: v for k, v in info.items() if k != "plans"}))

@@ -326,10 +326,10 @@ def _atoms_arrays(atoms):
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row softmax over the last axis."""
-    z = logits - logits.max(-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(-1, keepdims=True)
+    """Row softmax over the last axis (:func:`fedalign.gmm_barycenter.softmax_np`)."""
+    from fedalign.gmm_barycenter import softmax_np
+
+    return softmax_np(logits)
 
 
 def choose_peers(rng: np.random.Generator, peers: list, k: int) -> list:
@@ -358,7 +358,7 @@ def aggregate_atoms(versions: list, tol: float = 1e-6, max_iter: int = 50):
     barycenter B((1/n, …, 1/n); P_a^1, …, P_a^n) with K components, whose components are
     matched to each version's by OT with the label penalty (not by index). Logits are log V.
     """
-    from fedalign.gmm_barycenter import labeled_barycenter
+    from fedalign.gmm_barycenter import labeled_barycenter_np
 
     n = len(versions)
     A, K, _ = versions[0][0].shape
@@ -368,10 +368,8 @@ def aggregate_atoms(versions: list, tol: float = 1e-6, max_iter: int = 50):
         M = np.stack([v[0][a] for v in versions])
         V = np.stack([v[1][a] for v in versions])
         L = np.stack([softmax(v[2][a]) for v in versions])
-        bm, bv, bl, _info = labeled_barycenter(w, M, V, L, n_components=K, tol=tol,
-                                               max_iter=max_iter)
-        bm, bv, bl = (np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
-                      for x in (bm, bv, bl))
+        bm, bv, bl, _info = labeled_barycenter_np(w, M, V, L, n_components=K, tol=tol,
+                                                  max_iter=max_iter)
         out_m.append(bm)
         out_v.append(bv)
         out_l.append(np.log(np.maximum(bl, LOGIT_FLOOR)))
@@ -619,14 +617,11 @@ def atoms_barycenter(means, variances, label_logits, alpha, tol: float = 1e-6,
     means, variances (A, K, d); label_logits (A, K, C); alpha (A,). K uniform components.
     """
     from fedalign.gmm import GMM
-    from fedalign.gmm_barycenter import labeled_barycenter
+    from fedalign.gmm_barycenter import labeled_barycenter_np
 
     A, K, _ = means.shape
-    bm, bv, bl, _info = labeled_barycenter(np.asarray(alpha, np.float64), means, variances,
-                                           softmax(label_logits), n_components=K, tol=tol,
-                                           max_iter=max_iter)
-    bm, bv, bl = (np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
-                  for x in (bm, bv, bl))
+    bm, bv, bl, _info = labeled_barycenter_np(alpha, means, variances, softmax(label_logits),
+                                              n_components=K, tol=tol, max_iter=max_iter)
     bl = np.clip(bl, 0.0, None)
     bl = bl / bl.sum(1, keepdims=True)
     return GMM(np.full(K, 1.0 / K), bm, np.maximum(bv, 1e-12), bl, list(class_names))

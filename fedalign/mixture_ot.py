@@ -29,15 +29,32 @@ Mixture Models and Optimal Transport", ECML-PKDD 2024.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+import sys
 
-DTYPE = torch.float64
+import numpy as np
+
 EMD_MAX_ITER = 1_000_000
+
+
+def __getattr__(name):
+    # torch is imported lazily: the numpy paths (gossip rounds, consensus) never load it
+    if name == "DTYPE":
+        import torch
+
+        return torch.float64
+    raise AttributeError(name)
+
+
+def is_tensor(x) -> bool:
+    """True for a torch tensor (without importing torch when it is not loaded)."""
+    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
 
 def as_tensor(x) -> torch.Tensor:
     """float64 tensor view of x (tensors keep their autograd graph)."""
+    import torch
+
+    DTYPE = torch.float64
     if isinstance(x, torch.Tensor):
         return x if x.dtype == DTYPE else x.to(DTYPE)
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
@@ -59,7 +76,7 @@ def diag_w2_cost(m1, v1, m2, v2) -> torch.Tensor:
 
 
 def _normalized(w) -> np.ndarray:
-    w = np.asarray(w.detach().cpu().numpy() if isinstance(w, torch.Tensor) else w, dtype=np.float64)
+    w = np.asarray(w.detach().cpu().numpy() if is_tensor(w) else w, dtype=np.float64)
     return w / w.sum()
 
 
@@ -80,7 +97,7 @@ def mixture_cost(m1, v1, m2, v2, L1=None, L2=None, beta=None) -> torch.Tensor:
 def _np(x):
     if x is None:
         return None
-    return x.detach().cpu().numpy().astype(np.float64, copy=False) if isinstance(x, torch.Tensor) \
+    return x.detach().cpu().numpy().astype(np.float64, copy=False) if is_tensor(x) \
         else np.asarray(x, dtype=np.float64)
 
 
@@ -101,7 +118,7 @@ def emd_plan(w1, w2, C) -> np.ndarray:
     """Exact OT plan (K1, K2) between weights (normalised to sum 1) for a cost (array/tensor)."""
     import ot
 
-    Cn = C.detach().cpu().numpy() if isinstance(C, torch.Tensor) else np.asarray(C, np.float64)
+    Cn = C.detach().cpu().numpy() if is_tensor(C) else np.asarray(C, np.float64)
     return ot.emd(_normalized(w1), _normalized(w2), np.ascontiguousarray(Cn, dtype=np.float64),
                   numItermax=EMD_MAX_ITER)
 
@@ -124,24 +141,24 @@ def mw2(w1, m1, v1, w2, m2, v2, L1=None, L2=None, beta=None, return_plan: bool =
 
     Returns
     -------
-    scalar float64 tensor Σ π_ij c_ij with π = argmin (constant for autograd) [, plan].
+    Σ π_ij c_ij with π = argmin: a scalar float64 tensor (plan constant for autograd) when an
+    input tensor requires gradients, else a numpy float64 [, plan].
     """
     args = (m1, v1, m2, v2, L1, L2)
-    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in args) and torch.is_grad_enabled():
+    if any(is_tensor(x) and x.requires_grad for x in args) and sys.modules["torch"].is_grad_enabled():
         C = mixture_cost(m1, v1, m2, v2, L1, L2, beta)
         plan = emd_plan(w1, w2, C)
-        loss = (torch.as_tensor(plan, dtype=DTYPE) * C).sum()
-    else:   # nothing to differentiate: numpy (no torch thread pool for tiny ops)
+        loss = (as_tensor(plan) * C).sum()
+    else:   # nothing to differentiate: numpy (torch is not even imported)
         C = mixture_cost_np(*(_np(x) for x in args), beta=beta)
         plan = emd_plan(w1, w2, C)
-        loss = torch.tensor(float((plan * C).sum()), dtype=DTYPE)
+        loss = np.float64((plan * C).sum())
     return (loss, plan) if return_plan else loss
 
 
 def gmm_mw2(p, q, labeled: bool | None = None, beta=None) -> float:
     """MW2² (SMW2² when both are labeled, or ``labeled=True``) between two :class:`~fedalign.gmm.GMM`."""
     use = (p.labels is not None and q.labels is not None) if labeled is None else labeled
-    with torch.no_grad():
-        val = mw2(p.weights, p.means, p.variances, q.weights, q.means, q.variances,
-                  p.labels if use else None, q.labels if use else None, beta)
-    return float(val)
+    return float(mw2(*(_np(x) for x in (p.weights, p.means, p.variances, q.weights, q.means,
+                                        q.variances)),
+                     _np(p.labels) if use else None, _np(q.labels) if use else None, beta))

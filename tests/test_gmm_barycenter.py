@@ -87,8 +87,9 @@ def test_deterministic_and_logits():
                            labels_are_logits=True)
     for x, y in zip(a[:3], b[:3]):
         np.testing.assert_allclose(x.detach().numpy(), y.detach().numpy(), rtol=1e-12)
-    g = barycenter_gmm(alpha, atoms)
-    np.testing.assert_array_equal(g.means, a[0].detach().numpy())
+    g = barycenter_gmm(alpha, atoms)  # the numpy path: equal to the torch path
+    np.testing.assert_allclose(g.means, a[0].detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(g.labels, a[2].detach().numpy(), rtol=1e-12, atol=1e-12)
     assert g.K == 5 and g.labels.shape == (5, 3)
 
 

@@ -124,6 +124,6 @@ def test_numpy_and_torch_paths_agree():
     for labs in ((None, None), (L1, L2)):
         a, pa = mw2(w1, m, v1, w2, m2, v2, *labs, return_plan=True)        # autograd path
         b, pb = mw2(w1, m1, v1, w2, m2, v2, *labs, return_plan=True)       # numpy path
-        assert a.requires_grad and not b.requires_grad
+        assert a.requires_grad and isinstance(b, np.floating)
         assert float(a.detach()) == pytest.approx(float(b), rel=1e-12)
         np.testing.assert_array_equal(pa, pb)

@@ -21,7 +21,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_quickstart_reduced(tmp_path):
     out = tmp_path / "out"
     fa = f"{sys.executable} -m fedalign"
-    cmd = ["make", "-C", str(ROOT / "examples" / "quickstart"), f"OUT={out}", f"FA={fa}", "SEEDS=0",
+    # -j2: the SLOT-Align and DeFed-GMM-DaDiL halves (and the two federations) run side by side
+    cmd = ["make", "-j2", "-C", str(ROOT / "examples" / "quickstart"), f"OUT={out}", f"FA={fa}", "SEEDS=0",
            "PER_DOMAIN=60", "SIZE=24", "IMAGE_SIZE=48", "ROUNDS=2", "LOCAL_STEPS=10",
            "METHODS=-m fedcgs -m fed3r -m ofedavg", "PARAMS=--param ofedavg.epochs=3",
            "TARGET=ink", "DADIL_K=1", "ATOM_K=10"]

@@ -7,6 +7,7 @@ happen inside the command functions, which keeps ``fedalign --help`` fast.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import typer
@@ -80,6 +81,10 @@ def _root(
 
 
 def main():  # pragma: no cover - exercised through subprocess tests
+    # POT loads every array backend it finds (torch alone costs ~1.5 s); the CLI hands it numpy
+    # arrays only, so its processes skip them (set any of these to "" to re-enable)
+    for key in ("PYTORCH", "JAX", "TENSORFLOW", "CUPY"):
+        os.environ.setdefault(f"POT_BACKEND_DISABLE_{key}", "1")
     try:
         app()
     except FedalignError as e:  # raised outside a command (should not happen)
