@@ -141,24 +141,31 @@ def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: 
     return Path(out)
 
 
-def _pipeline(chunks, At32, bt32, writer, ids, progress):
-    """Map chunks in a worker thread (BLAS releases the GIL) while HDF5 reads/writes proceed."""
+def _pipeline(chunks, At32, bt32, writer, ids, progress, workers: int = 2):
+    """Map chunks in worker threads while HDF5 reads/writes proceed in this one.
+
+    Each worker runs its matrix product with one BLAS thread (products release the GIL), so
+    the products of consecutive chunks and the I/O share the cores without BLAS threads
+    waiting on each other.
+    """
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
 
     def affine(X):
         Z = X @ At32
         Z += bt32
         return Z
 
-    pending = None
-    with ThreadPoolExecutor(1) as pool:
+    pending = deque()
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
         for start, X, y in chunks:
-            fut = pool.submit(affine, X)
-            if pending is not None:
-                _flush(pending, writer, ids, progress)
-            pending = (start, fut, y)
-        if pending is not None:
-            _flush(pending, writer, ids, progress)
+            pending.append((start, pool.submit(affine, X), y))
+            if len(pending) > workers:
+                _flush(pending.popleft(), writer, ids, progress)
+        while pending:
+            _flush(pending.popleft(), writer, ids, progress)
 
 
 def _flush(pending, writer, ids, progress):
