@@ -213,3 +213,32 @@ def test_target_classifier_beats_chance_on_blobs(tmp_path):
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_gossip_rounds_run_without_torch(tmp_path):
+    """The numpy paths (rounds, aggregation, consensus) never import torch: a `dadil-round`
+    process pays only for numpy/scipy/POT imports. POT's own torch backend is switched off as
+    the CLI does."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    gp = make_gmms(tmp_path, 3)
+    (tmp_path / "gmms.json").write_text(json.dumps({k: str(v) for k, v in gp.items()}))
+    code = f"""
+import json, sys
+from pathlib import Path
+from fedalign.consensus import consensus_history
+from fedalign.gossip import simulate
+gp = {{k: Path(v) for k, v in json.loads(Path({str(tmp_path / "gmms.json")!r}).read_text()).items()}}
+simulate(gp, Path({str(tmp_path / "fed")!r}), rounds=2, strategy="aggregation", local_steps=2,
+         n_atoms=2)
+consensus_history([Path({str(tmp_path / "fed")!r})], 3, 0, 1)
+print("torch" in sys.modules)
+"""
+    env = dict(os.environ, POT_BACKEND_DISABLE_PYTORCH="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "False"
