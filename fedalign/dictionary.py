@@ -89,9 +89,7 @@ class Atoms:
     @property
     def labels(self) -> np.ndarray:
         """Soft labels softmax(label_logits): (A, K, C)."""
-        z = self.label_logits - self.label_logits.max(-1, keepdims=True)
-        e = np.exp(z)
-        return e / e.sum(-1, keepdims=True)
+        return softmax_np(self.label_logits)
 
     def copy(self) -> "Atoms":
         return Atoms(self.means.copy(), self.variances.copy(), self.label_logits.copy())

@@ -361,7 +361,6 @@ class _Anderson:
     def __init__(self, memory):
         from collections import deque
 
-        self.memory = memory
         self.dx, self.dg = deque(maxlen=memory), deque(maxlen=memory)
         self.last = None
 
@@ -370,7 +369,7 @@ class _Anderson:
         from scipy.linalg import LinAlgError, cholesky
 
         x, g = S.ravel(), (F - S).ravel()
-        if self.last is not None and self.memory:
+        if self.last is not None:  # (a deque of maxlen 0 keeps nothing: plain iteration)
             self.dx.append(x - self.last[0])
             self.dg.append(g - self.last[1])
         self.last = (x, g)

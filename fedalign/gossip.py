@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.gmm_barycenter import softmax_np
 
 STRATEGIES = ("replacement", "aggregation", "none")
 #: Peers drawn per round by each strategy (aggregation: own version + 2 peers' versions).
@@ -325,13 +326,6 @@ def _atoms_arrays(atoms):
     return tuple(out)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row softmax over the last axis (:func:`fedalign.gmm_barycenter.softmax_np`)."""
-    from fedalign.gmm_barycenter import softmax_np
-
-    return softmax_np(logits)
-
-
 def choose_peers(rng: np.random.Generator, peers: list, k: int) -> list:
     """k distinct peers drawn uniformly with the client's generator (fewer if fewer exist).
 
@@ -367,7 +361,7 @@ def aggregate_atoms(versions: list, tol: float = 1e-6, max_iter: int = 50):
     for a in range(A):
         M = np.stack([v[0][a] for v in versions])
         V = np.stack([v[1][a] for v in versions])
-        L = np.stack([softmax(v[2][a]) for v in versions])
+        L = np.stack([softmax_np(v[2][a]) for v in versions])
         bm, bv, bl, _info = labeled_barycenter_np(w, M, V, L, n_components=K, tol=tol,
                                                   max_iter=max_iter)
         out_m.append(bm)
@@ -620,7 +614,7 @@ def atoms_barycenter(means, variances, label_logits, alpha, tol: float = 1e-6,
     from fedalign.gmm_barycenter import labeled_barycenter_np
 
     A, K, _ = means.shape
-    bm, bv, bl, _info = labeled_barycenter_np(alpha, means, variances, softmax(label_logits),
+    bm, bv, bl, _info = labeled_barycenter_np(alpha, means, variances, softmax_np(label_logits),
                                               n_components=K, tol=tol, max_iter=max_iter)
     bl = np.clip(bl, 0.0, None)
     bl = bl / bl.sum(1, keepdims=True)

@@ -36,15 +36,6 @@ import numpy as np
 EMD_MAX_ITER = 1_000_000
 
 
-def __getattr__(name):
-    # torch is imported lazily: the numpy paths (gossip rounds, consensus) never load it
-    if name == "DTYPE":
-        import torch
-
-        return torch.float64
-    raise AttributeError(name)
-
-
 def is_tensor(x) -> bool:
     """True for a torch tensor (without importing torch when it is not loaded)."""
     return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
@@ -52,11 +43,10 @@ def is_tensor(x) -> bool:
 
 def as_tensor(x) -> torch.Tensor:
     """float64 tensor view of x (tensors keep their autograd graph)."""
-    import torch
+    import torch  # lazily: the numpy paths (gossip rounds, consensus) never load it
 
-    DTYPE = torch.float64
     if isinstance(x, torch.Tensor):
-        return x if x.dtype == DTYPE else x.to(DTYPE)
+        return x if x.dtype == torch.float64 else x.to(torch.float64)
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
 
 
