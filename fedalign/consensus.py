@@ -138,32 +138,63 @@ def consensus_history(paths, n_points: int = 10, seed: int = 0, every: int = 1,
                 max=pairs.max(1), W=W)
 
 
-def plot_consensus(runs: dict, path, title: str = "DeFed-GMM-DaDiL consensus") -> Path:
-    """PNG of the mean (solid) and max (dashed) of M_ij(t) over pairs, one colour per run.
+#: y label of the consensus plot (what M(t) is, in words).
+CONSENSUS_YLABEL = "M(t) = max over weights of W2 between two clients' barycenters"
 
-    ``runs`` maps a run name (e.g. ``replacement``) to a :func:`consensus_history` result.
+
+def consensus_figure(runs: dict, title: str = "DeFed-GMM-DaDiL consensus"):
+    """The consensus plot as an open matplotlib figure (see :func:`plot_consensus`).
+
+    x: rounds with integer ticks (MaxNLocator(integer=True)); y: M(t), on a log scale when
+    the positive values span more than two decades (symlog when some are 0).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from fedalign.files import atomic_output
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    values = []
     for i, (name, h) in enumerate(runs.items()):
         col = f"C{i}"
-        ax.plot(h["rounds"], h["mean"], color=col, label=f"{name} (mean over pairs)")
+        ax.plot(h["rounds"], h["mean"], color=col, marker=".", label=f"{name} (mean over pairs)")
         ax.plot(h["rounds"], h["max"], color=col, ls="--", lw=1, label=f"{name} (max)")
-    ax.set_xlabel("round t")
-    ax.set_ylabel(r"$M_{ij}(t)$ = max$_\alpha$ W2(B($\alpha$; P$^{(i)}$), B($\alpha$; P$^{(j)}$))")
-    ax.set_ylim(bottom=0)
+        values.extend(np.asarray(h["mean"], float).tolist() + np.asarray(h["max"], float).tolist())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(CONSENSUS_YLABEL, fontsize=8)
+    v = np.asarray(values, dtype=np.float64)
+    pos = v[np.isfinite(v) & (v > 0)]
+    if len(pos) and pos.max() > 100 * pos.min():
+        if np.any(v[np.isfinite(v)] <= 0):
+            ax.set_yscale("symlog", linthresh=float(pos.min()))
+        else:
+            ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot_consensus(runs: dict, path, title: str = "DeFed-GMM-DaDiL consensus") -> Path:
+    """PNG of the mean (solid) and max (dashed) of M_ij(t) over pairs, one colour per run.
+
+    ``runs`` maps a run name (e.g. ``replacement``) to a :func:`consensus_history` result.
+    Rounds are integer ticks; y is log-scaled when M spans more than two decades.
+    """
+    import matplotlib.pyplot as plt
+
+    from fedalign.files import atomic_output
+
+    fig = consensus_figure(runs, title)
     path = Path(path)
-    with atomic_output(path, suffix=".tmp.png") as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-    plt.close(fig)
+    try:
+        with atomic_output(path, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, format="png", metadata={"Software": None})
+    finally:
+        plt.close(fig)
     return path

@@ -19,7 +19,7 @@ Protocol
   Reported: per-domain accuracy, their macro mean, and over the seeds mean ± std (population
   std, ddof = 0).
 
-Methods with inputs other than feature files (e.g. ``dadil``) are delegated to an external
+Methods with inputs other than feature files (e.g. ``dadil``) are delegated to a library
 evaluator (:data:`EXTERNAL_METHODS`) that returns the same :class:`MethodResult`.
 """
 
@@ -32,10 +32,18 @@ import numpy as np
 
 from fedalign.errors import FedalignError
 
-#: Methods evaluated by another module: name → (module, function). The function is called as
-#: ``fn(inputs=[paths], tests=[TestDomain], class_names=[...], seeds=[...], params={...})``
-#: and returns a :class:`MethodResult`. The module may be absent from a build.
-EXTERNAL_METHODS = {"dadil": ("fedalign.cli.dadil_cmds", "evaluate_dadil")}
+
+def _evaluate_dadil(**kwargs):
+    """``--method dadil``: :func:`fedalign.dadil_eval.evaluate_dadil` (imported when used)."""
+    from fedalign.dadil_eval import evaluate_dadil
+
+    return evaluate_dadil(**kwargs)
+
+
+#: Methods with inputs other than client feature files: name → library function, called as
+#: ``fn(inputs=[paths], tests=[TestDomain], class_names=[...], seeds=[...], params={...})``,
+#: returning a :class:`MethodResult`.
+EXTERNAL_METHODS = {"dadil": _evaluate_dadil}
 
 
 @dataclass
@@ -240,14 +248,10 @@ def _method_notes(m) -> list:
 
 def evaluate_external(method: str, inputs, tests, class_names, seeds, params) -> MethodResult:
     """Delegate a method with its own inputs (see :data:`EXTERNAL_METHODS`)."""
-    import importlib
-
-    mod_name, fn_name = EXTERNAL_METHODS[method]
-    try:
-        mod = importlib.import_module(mod_name)
-        fn = getattr(mod, fn_name)
-    except (ImportError, AttributeError):
-        raise FedalignError(f"method {method!r} is not available in this build ({mod_name}.{fn_name})") from None
+    fn = EXTERNAL_METHODS.get(method)
+    if fn is None:
+        raise FedalignError(f"unknown method {method!r} (external methods: "
+                            f"{', '.join(sorted(EXTERNAL_METHODS))})")
     return fn(inputs=list(inputs), tests=tests, class_names=class_names, seeds=list(seeds), params=params)
 
 

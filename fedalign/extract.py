@@ -529,7 +529,7 @@ def extract_features(
 
     from fedalign import __version__
     from fedalign.encoders import create_encoder
-    from fedalign.files import FeatureWriter, atomic_output
+    from fedalign.files import FeatureWriter, after_commit, atomic_output
 
     log = log or (lambda msg: None)
     output = Path(output)
@@ -591,7 +591,8 @@ def extract_features(
         raise
     finally:
         part.close()
-    part.path.unlink(missing_ok=True)
+    # the resume file goes once the output is in place (at the end of the CLI's transaction)
+    after_commit(lambda: part.path.unlink(missing_ok=True))
     secs = time.perf_counter() - t0
     done = len(images) - start
     return ExtractResult(output, n, d, skipped, secs, start, done / secs if secs > 0 else 0.0)

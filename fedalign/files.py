@@ -27,8 +27,30 @@ state      .npz   a DaDiL client's private state (atoms, barycentric weights, Ad
 report     .json  evaluation results (accuracy tables).
 ========== ====== =====================================================================
 
-All writers go through :func:`atomic_output`: the file is written under a temporary name in
-the same folder and renamed at the end, so a failure never leaves a partial output file.
+Features files written by other tools are read in their natural h5py forms (class names as
+an array of strings or bytes, integer ids, int32 labels, float64 features) or refused with
+one line naming the attribute and the expected form: ``docs/features-format.md``.
+Covariances (stats, reference) and map matrices A must be symmetric (to
+:data:`SYMMETRY_RTOL`) and positive definite (:func:`check_spd`); labels must lie in
+[-1, C) when class names are given.
+
+Outputs
+-------
+Nothing is lost, ever:
+
+- **No output over an input.** :func:`check_outputs` compares resolved paths (symlinks,
+  ``./`` spellings) and (st_dev, st_ino) (hard links); the CLI checks every command before it
+  starts (``dadil-round``'s in-place state update is the one documented exception).
+- **Outputs checked first.** :func:`check_output_file` / :func:`check_output_folder`: the
+  folder exists and is writable, a file output is not a folder, a folder output not a file.
+- **All outputs or none.** Every writer goes through :func:`atomic_output`: the file (or
+  folder) is written as ``.<name>.fedalign-tmp-<pid>-<random><suffix>`` next to the output.
+  Inside :func:`atomic_outputs` (every CLI command runs in one) the temporaries are renamed
+  together when the block ends and no signal is pending, or all removed on any failure,
+  SIGINT and SIGTERM included (:mod:`fedalign.interrupt`).
+- **Killed runs.** A temporary left by SIGKILL is removed by the next run writing the same
+  output (:func:`remove_stale`: its pid is gone). ``extract``'s resume file
+  ``.<name>.partial.h5`` is kept on purpose until the output is in place.
 """
 
 from __future__ import annotations
@@ -37,6 +59,8 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import secrets
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -62,13 +86,14 @@ class Schema:
     version: int
     required: dict
     optional: dict = field(default_factory=dict)
+    spd: tuple = ()  # (d, d) arrays that must be symmetric positive definite
 
 
 SCHEMAS: dict[str, Schema] = {}
 
 
-def _schema(kind, version, required, optional=None):
-    SCHEMAS[kind] = Schema(kind, version, required, optional or {})
+def _schema(kind, version, required, optional=None, spd=()):
+    SCHEMAS[kind] = Schema(kind, version, required, optional or {}, tuple(spd))
 
 
 _schema(
@@ -90,6 +115,7 @@ _schema(
         "class_sums": (("C", "d"), "f"),
         "class_names": (("C",), "U"),
     },
+    spd=("covariance",),
 )
 _schema(
     "reference",
@@ -100,6 +126,7 @@ _schema(
         "weights": (("K",), "f"),
         "n": (("K",), "i"),
     },
+    spd=("covariance",),
 )
 _schema(
     "map",
@@ -108,6 +135,7 @@ _schema(
         "A": (("d", "d"), "f"),
         "b": (("d",), "f"),
     },
+    spd=("A",),
 )
 _schema(
     "gmm",
@@ -134,7 +162,7 @@ _schema(
 )
 _schema(
     "state",
-    1,
+    2,
     required={
         "means": (("A", "K", "d"), "f"),
         "variances": (("A", "K", "d"), "f"),
@@ -142,17 +170,13 @@ _schema(
         "alpha": (("A",), "f"),
         "round": ((), "i"),
         "rng_state": (("six",), "i"),
+        "var_floor": (("d",), "f"),
     },
     optional={
-        "adam_step": ((), "i"),
-        "adam_means_exp_avg": (("A", "K", "d"), "f"),
-        "adam_means_exp_avg_sq": (("A", "K", "d"), "f"),
-        "adam_variances_exp_avg": (("A", "K", "d"), "f"),
-        "adam_variances_exp_avg_sq": (("A", "K", "d"), "f"),
-        "adam_label_logits_exp_avg": (("A", "K", "C"), "f"),
-        "adam_label_logits_exp_avg_sq": (("A", "K", "C"), "f"),
-        "adam_alpha_exp_avg": (("A",), "f"),
-        "adam_alpha_exp_avg_sq": (("A",), "f"),
+        "received_means": (("A", "K", "d"), "f"),
+        "received_variances": (("A", "K", "d"), "f"),
+        "received_label_logits": (("A", "K", "C"), "f"),
+        "alpha_received": (("A",), "f"),
     },
 )
 
@@ -167,36 +191,369 @@ _VERSION_KEY = "__format_version__"
 
 
 # --------------------------------------------------------------------------------------------
-# Atomic output and hashing
+# Outputs: never over an input, all of a command's outputs together, nothing left behind
+# --------------------------------------------------------------------------------------------
+
+#: Temporary outputs are named ``.<name>.fedalign-tmp-<pid>-<random><suffix>``, next to the
+#: output; the pid lets the next run remove what a killed run left (:func:`remove_stale`).
+TMP_MARK = ".fedalign-tmp-"
+_TMP_PID = re.compile(r"(\d+)-")
+_ACTIVE: set = set()  # temporaries of this process's open transactions (never stale)
+_TX: list = []  # stack of open transactions (:func:`atomic_outputs`)
+
+
+def _identity(path) -> tuple:
+    p = Path(path)
+    try:
+        st = os.stat(p)
+        ino = (st.st_dev, st.st_ino)
+    except OSError:
+        ino = None
+    return os.path.realpath(p), ino
+
+
+def same_file(a, b) -> bool:
+    """True when two spellings name one file: the same resolved path (symlinks, ``./``, ``..``)
+    or, for existing files, the same (st_dev, st_ino) (hard links)."""
+    ra, ia = _identity(a)
+    rb, ib = _identity(b)
+    return ra == rb or (ia is not None and ia == ib)
+
+
+def check_outputs(inputs, outputs, allow=()) -> None:
+    """Refuse a command whose outputs include one of its inputs, or one file twice.
+
+    Parameters
+    ----------
+    inputs, outputs : iterables of paths (None entries are ignored)
+    allow : paths that may be both input and output: a file the command updates in place,
+        atomically (``dadil-round``'s client state; ``--init --force``)
+    """
+    ins = [Path(p) for p in inputs if p is not None]
+    outs = [Path(p) for p in outputs if p is not None]
+    allowed = [Path(p) for p in allow if p is not None]
+    for i, o in enumerate(outs):
+        for o2 in outs[:i]:
+            if same_file(o, o2):
+                raise FedalignError(f"{o2} and {o} are the same output file: give different names")
+        if any(same_file(o, a) for a in allowed):
+            continue
+        for p in ins:
+            if same_file(o, p):
+                alias = "" if str(p) == str(o) else f" ({p})"
+                raise FedalignError(f"output {o} is also an input{alias}: refusing to overwrite "
+                                    "an input; give another output name")
+
+
+def _writable_folder(folder: Path, target: Path) -> None:
+    if not folder.exists():
+        raise FedalignError(f"output folder does not exist: {folder}")
+    if not folder.is_dir():
+        raise FedalignError(f"cannot write {target}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise FedalignError(f"cannot write {target}: folder {folder} is not writable")
+    try:  # access() does not see every reason (read-only mounts for root, ACLs, quotas)
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-probe",
+                                     dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise FedalignError(f"cannot write {target}: {e.strerror or e} (folder {folder})") from None
+
+
+def check_output_file(path) -> Path:
+    """Before any work: ``path`` can be written as a file (its folder exists and is writable,
+    it is not a folder). Removes temporaries of ``path`` left by killed runs."""
+    path = Path(path)
+    if path.is_dir():
+        raise FedalignError(f"output {path} is an existing folder, expected a file name")
+    _not_special(path)
+    _writable_folder(path.parent, path)
+    remove_stale(path)
+    return path
+
+
+def _not_special(path: Path) -> None:
+    """An existing output must be a regular file: a rename would replace a device, a pipe or
+    a socket (``-o /dev/null`` run as root) by a regular file."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise FedalignError(f"output {path} exists and is not a regular file (a device, pipe "
+                            "or socket): refusing to replace it")
+
+
+def check_output_folder(path, empty: bool = False) -> Path:
+    """Before any work: ``path`` is a folder, or can be created (its nearest existing parent is
+    a writable folder); with ``empty``, an existing folder must be empty."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FedalignError(f"output folder {path} is an existing file, expected a folder")
+    if path.is_dir():
+        if empty and any(path.iterdir()):
+            raise FedalignError(f"{path} exists and is not empty")
+        _writable_folder(path, path / "x")
+        return path
+    anc = path.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise FedalignError(f"cannot create folder {path}: {anc} is not a folder")
+    _writable_folder(anc, path)
+    remove_stale(path)
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
+
+
+def remove_stale(path) -> list:
+    """Remove the temporaries of output ``path`` that runs killed with SIGKILL left behind
+    (named ``.<name>.fedalign-tmp-<pid>-…`` with ``<pid>`` no longer running). Returns them."""
+    path = Path(path)
+    folder = path.parent
+    prefix = f".{path.name}{TMP_MARK}"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = _TMP_PID.match(name[len(prefix):]) if name.startswith(prefix) else None
+        if m is None:
+            continue
+        tmp, pid = folder / name, int(m.group(1))
+        if tmp in _ACTIVE or (pid != os.getpid() and _pid_alive(pid)):
+            continue
+        _remove(tmp)
+        removed.append(tmp)
+    return removed
+
+
+def _remove(p: Path) -> None:
+    import shutil
+
+    with contextlib.suppress(FileNotFoundError):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink()
+
+
+def _before_commit(paths: list) -> None:
+    """Called with the outputs just before a transaction renames them (a seam for fault tests:
+    they replace it to stop a command mid-write; does nothing)."""
+
+
+class Transaction:
+    """The outputs of one command: temporaries that are renamed together or all removed."""
+
+    def __init__(self):
+        self.entries: list = []  # (tmp, path, is_dir)
+        self.folders: list = []  # folders created for the outputs (removed on rollback)
+        self.after: list = []  # callables run after the commit
+
+    def add(self, path, suffix: str | None = None, directory: bool = False) -> Path:
+        """Reserve the temporary of output ``path`` (a file, or a folder with ``directory``)."""
+        path = Path(path)
+        if directory:
+            if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+                raise FedalignError(f"{path} exists and is not an empty folder")
+        elif path.is_dir():
+            raise FedalignError(f"output {path} is an existing folder, expected a file name")
+        _not_special(path)
+        folder = path.parent
+        if not folder.is_dir():
+            raise FedalignError(f"output folder does not exist: {folder}")
+        for _, other, _ in self.entries:
+            if same_file(other, path):
+                raise FedalignError(f"{path} would be written twice by one command")
+        remove_stale(path)
+        suffix = path.suffix if suffix is None else suffix
+        tmp = folder / f".{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
+        try:
+            if directory:
+                tmp.mkdir()
+            else:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except OSError as e:
+            raise FedalignError(f"cannot write {path}: {e.strerror or e}") from None
+        _ACTIVE.add(tmp)
+        self.entries.append((tmp, path, directory))
+        return tmp
+
+    def temporary(self, path) -> Path:
+        """The temporary that will become output ``path``."""
+        for tmp, other, _ in self.entries:
+            if same_file(other, path):
+                return tmp
+        raise KeyError(f"{path} is not an output of this transaction")
+
+    def commit_first(self, path) -> None:
+        """Rename output ``path`` before the others (e.g. a state before the file it points to)."""
+        first = [e for e in self.entries if same_file(e[1], path)]
+        self.entries = first + [e for e in self.entries if e not in first]
+
+    def discard(self, tmp: Path) -> None:
+        """Forget (and remove) one temporary, e.g. after its writer failed."""
+        self.entries = [e for e in self.entries if e[0] != tmp]
+        _ACTIVE.discard(tmp)
+        _remove(tmp)
+
+    def make_folder(self, path) -> Path:
+        """Create output folder ``path`` (and missing parents); removed again on rollback."""
+        path = Path(path)
+        missing = []
+        p = path
+        while not p.exists() and p != p.parent:
+            missing.append(p)
+            p = p.parent
+        for p in reversed(missing):
+            try:
+                p.mkdir()
+            except OSError as e:
+                raise FedalignError(f"cannot create folder {p}: {e.strerror or e}") from None
+            self.folders.append(p)
+        if not path.is_dir():
+            raise FedalignError(f"output folder {path} is an existing file, expected a folder")
+        return path
+
+    def commit(self) -> None:
+        from fedalign import interrupt
+
+        _before_commit([p for _, p, _ in self.entries])
+        interrupt.check()
+        with interrupt.deferred():
+            for tmp, path, _ in self.entries:
+                try:
+                    os.replace(tmp, path)
+                except OSError as e:
+                    raise FedalignError(f"cannot write {path}: {e.strerror or e}") from None
+                _ACTIVE.discard(tmp)
+            self.entries = []
+            for fn in self.after:
+                fn()
+
+    def rollback(self) -> None:
+        for tmp, _, _ in self.entries:
+            _ACTIVE.discard(tmp)
+            _remove(tmp)
+        self.entries = []
+        for p in reversed(self.folders):
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        self.folders = []
+
+
+@contextlib.contextmanager
+def atomic_outputs(join: bool = True) -> Iterator[Transaction]:
+    """Commit every :func:`atomic_output` opened inside the block together, at its end.
+
+    The temporaries are renamed onto their outputs in the order they were opened, after the
+    whole block succeeded and no signal is pending (:mod:`fedalign.interrupt`); on any
+    exception (KeyboardInterrupt and SIGTERM included) all of them, and the folders created
+    with :meth:`Transaction.make_folder`, are removed and no output is touched. Inside an open
+    transaction the block joins it (``join=False``: commit this block on its own).
+    """
+    if join and _TX:
+        yield _TX[-1]
+        return
+    tx = Transaction()
+    _TX.append(tx)
+    try:
+        yield tx
+        _TX.remove(tx)
+        tx.commit()
+    except BaseException:
+        tx.rollback()
+        raise
+    finally:
+        if tx in _TX:
+            _TX.remove(tx)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str | None = None,
+                  directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; it becomes ``path`` when the transaction ends.
+
+    Outside :func:`atomic_outputs` the transaction is this one output: it is renamed when the
+    block ends. On any exception the temporary is removed and ``path`` is left untouched.
+    ``directory``: the temporary (and the output) is a folder, e.g. an image tree.
+    """
+    with atomic_outputs() as tx:
+        tmp = tx.add(path, suffix, directory)
+        try:
+            yield tmp
+        except BaseException:
+            tx.discard(tmp)
+            raise
+
+
+def make_output_folder(path) -> Path:
+    """Create an output folder; inside a transaction it is removed again if that fails."""
+    if _TX:
+        return _TX[-1].make_folder(path)
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FedalignError(f"cannot create folder {path}: {e.strerror or e}") from None
+    return path
+
+
+def after_commit(fn) -> None:
+    """Run ``fn`` once the open transaction has committed (at once when none is open)."""
+    if _TX:
+        _TX[-1].after.append(fn)
+    else:
+        fn()
+
+
+# --------------------------------------------------------------------------------------------
+# Hashing
 # --------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it to ``path`` on success.
+def locked(path, holder: str = "another process") -> Iterator[None]:
+    """Hold an exclusive lock on existing file ``path`` for the block (``fcntl.flock``, not
+    blocking: a lock held elsewhere is a :class:`FedalignError` naming ``holder``).
 
-    On any exception the temporary file is removed and ``path`` is left untouched.
+    The lock is taken on the file's inode, so it survives nothing but the process; a file
+    that was replaced (renamed over) while the lock was being taken is locked again.
     """
+    import fcntl
+
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise FedalignError(f"output folder does not exist: {folder}")
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=(suffix if suffix is not None else ".tmp" + path.suffix),
-        dir=folder,
-    )
-    os.close(fd)
-    tmp = Path(tmp)
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise FedalignError(f"cannot open {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise FedalignError(f"{path} is locked by {holder}; try again when it has finished") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise FedalignError(f"{path} keeps changing while being locked ({holder})")
     try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+        yield
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
@@ -228,18 +585,28 @@ def write_npz(path, kind: str, arrays: dict, meta: dict | None = None) -> Path:
     ``meta`` is any JSON-serialisable dict (provenance, convergence record, parameters);
     it is stored as a JSON string, never pickled.
     """
+    data = npz_bytes(kind, arrays, meta, source=f"{kind} being written to {path}")
+    path = Path(path)
+    with atomic_output(path, suffix=".tmp.npz") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return path
+
+
+def npz_bytes(kind: str, arrays: dict, meta: dict | None = None, source: str | None = None) -> bytes:
+    """The exact bytes :func:`write_npz` writes (validated), e.g. to hash a file before it exists."""
+    import io
+
     schema = _get_schema(kind)
     arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
-    _validate_arrays(arrays, schema, source=f"{kind} being written to {path}")
+    _validate_arrays(arrays, schema, source=source or f"{kind} being written")
     payload = dict(arrays)
     payload[_KIND_KEY] = np.array(kind)
     payload[_VERSION_KEY] = np.array(schema.version)
     payload[_META_KEY] = np.array(json.dumps(meta or {}, sort_keys=True))
-    path = Path(path)
-    with atomic_output(path, suffix=".tmp.npz") as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, **payload)
-    return path
+    buf = io.BytesIO()
+    np.savez(buf, **payload)
+    return buf.getvalue()
 
 
 def read_npz(path, kind: str) -> tuple[dict, dict]:
@@ -315,7 +682,43 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
                 )
         if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
             raise FedalignError(f"{source}: array '{name}' contains NaN or Inf")
+    for name in schema.spd:
+        if name in arrays:
+            check_spd(arrays[name], f"{source}: '{name}'")
     return sizes
+
+
+#: Relative asymmetry max|M − Mᵀ| / max|M| accepted as rounding (then M is symmetrised).
+SYMMETRY_RTOL = 1e-8
+
+
+def check_spd(M, what: str = "matrix", rtol: float = SYMMETRY_RTOL) -> np.ndarray:
+    """Symmetric positive definite, numerically: returns the symmetrised float64 matrix.
+
+    Symmetric: max|M − Mᵀ| ≤ rtol · max|M|. Positive definite: λ_min > d · eps · tr M (the
+    usual numerical-rank tolerance), tested by a Cholesky factorisation of M − tol·I.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise FedalignError(f"{what} must be a square matrix, got shape {M.shape}")
+    scale = float(np.abs(M).max()) if M.size else 0.0
+    asym = float(np.abs(M - M.T).max()) if M.size else 0.0
+    if asym > rtol * scale:
+        raise FedalignError(f"{what} is not symmetric (max |M − Mᵀ| = {asym:.3g}, "
+                            f"{asym / scale:.1e} of its largest entry)")
+    S = 0.5 * (M + M.T)
+    d = S.shape[0]
+    tol = d * np.finfo(np.float64).eps * float(np.trace(S))
+    ok = scale > 0 and tol >= 0 and bool(np.all(np.diag(S) > 0))
+    if ok:
+        try:
+            np.linalg.cholesky(S - tol * np.eye(d))
+        except np.linalg.LinAlgError:
+            ok = False
+    if not ok:
+        raise FedalignError(f"{what} is not positive definite (singular or with negative "
+                            "eigenvalues)")
+    return S
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,33 +757,61 @@ class FeatureFile:
             raise
 
     def _validate(self):
+        import h5py
+
         h5, p = self._h5, self.path
         kind = _attr_str(h5.attrs.get("kind"))
-        if kind != FEATURES_KIND:
+        if kind is None:
             raise FedalignError(
-                f"{p}: is {'a ' + kind + ' file' if kind else 'not a fedalign file'}, "
-                "expected a features file"
-            )
-        version = int(h5.attrs.get("format_version", -1))
+                f"{p}: not a fedalign features file: attribute 'kind' is missing (expected "
+                f"attrs kind='features', format_version={FEATURES_VERSION}; see "
+                "docs/features-format.md)")
+        if kind != FEATURES_KIND:
+            raise FedalignError(f"{p}: is a {kind} file, expected a features file")
+        try:
+            version = int(np.asarray(h5.attrs.get("format_version", -1)).item())
+        except (TypeError, ValueError):
+            raise FedalignError(f"{p}: attribute 'format_version' must be the integer "
+                                f"{FEATURES_VERSION}, got {h5.attrs.get('format_version')!r}") from None
         if version != FEATURES_VERSION:
             raise FedalignError(
                 f"{p}: features format_version {version} is not supported "
                 f"(expected {FEATURES_VERSION})"
             )
-        for name in ("features", "labels", "ids"):
+        forms = {"features": "(n, d) floats", "labels": "(n,) integers, -1 = unlabeled",
+                 "ids": "(n,) strings or integers"}
+        for name, form in forms.items():
             if name not in h5:
-                raise FedalignError(f"{p}: missing dataset '{name}'")
+                raise FedalignError(f"{p}: missing dataset '{name}' ({form})")
+            if not isinstance(h5[name], h5py.Dataset):
+                raise FedalignError(f"{p}: '{name}' must be a dataset of {form}, not a group")
         f = h5["features"]
         if f.ndim != 2:
-            raise FedalignError(f"{p}: 'features' must be 2-D, got shape {f.shape}")
+            raise FedalignError(f"{p}: 'features' must be 2-D (n, d), got shape {f.shape}")
+        if f.dtype.kind not in "fiu":
+            raise FedalignError(f"{p}: 'features' must hold numbers (float32 or float64), got {f.dtype}")
         self.n, self.d = (int(s) for s in f.shape)
-        if h5["labels"].shape != (self.n,) or h5["ids"].shape != (self.n,):
+        if self.d == 0:
+            raise FedalignError(f"{p}: 'features' has no columns (shape {f.shape}): d must be ≥ 1")
+        lab, ids = h5["labels"], h5["ids"]
+        if lab.shape != (self.n,) or ids.shape != (self.n,):
             raise FedalignError(
-                f"{p}: shape mismatch: features {f.shape}, labels {h5['labels'].shape}, "
-                f"ids {h5['ids'].shape}"
+                f"{p}: shape mismatch: features {f.shape}, labels {lab.shape}, "
+                f"ids {ids.shape} (expected labels and ids of shape ({self.n},))"
             )
-        self.class_names = list(json.loads(_attr_str(h5.attrs.get("class_names")) or "[]"))
-        self.provenance = json.loads(_attr_str(h5.attrs.get("provenance")) or "{}")
+        if lab.dtype.kind not in "iu":
+            raise FedalignError(f"{p}: 'labels' must be integers (-1 = unlabeled), got {lab.dtype}")
+        if ids.dtype.kind not in "iuSO" and not h5py.check_string_dtype(ids.dtype):
+            raise FedalignError(f"{p}: 'ids' must be strings or integers, got {ids.dtype}")
+        self.class_names = _class_names_attr(h5.attrs.get("class_names"), p)
+        self.provenance = _json_attr(h5.attrs.get("provenance"), "provenance", dict, p)
+        y = self._label_cache()
+        if y.size and y.min() < -1:
+            raise FedalignError(f"{p}: label {int(y.min())} is invalid (labels are ≥ 0, -1 = unlabeled)")
+        C = len(self.class_names)
+        if C and y.size and y.max() >= C:
+            raise FedalignError(f"{p}: label {int(y.max())} is out of range for the {C} class names "
+                                f"(labels must be in [0, {C}) or -1)")
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self):
@@ -393,33 +824,64 @@ class FeatureFile:
         self._h5.close()
 
     # -- data ----------------------------------------------------------------------------------
+    def _read(self, name, sel=slice(None)):
+        try:
+            return self._h5[name][sel]
+        except (OSError, RuntimeError, KeyError) as e:
+            raise FedalignError(f"{self.path}: cannot read '{name}' ({_short(e)})") from None
+
     @property
     def labels(self) -> np.ndarray:
         """(n,) int64 labels, -1 for unlabeled rows."""
-        return np.asarray(self._h5["labels"][...], dtype=np.int64)
+        return self._label_cache().copy()
+
+    def _label_cache(self) -> np.ndarray:
+        if getattr(self, "_labels", None) is None:
+            self._labels = np.asarray(self._read("labels"), dtype=np.int64)
+        return self._labels
 
     @property
     def ids(self) -> np.ndarray:
         """(n,) str row identifiers (relative paths for extracted images)."""
-        return np.asarray(self._h5["ids"].asstr()[...], dtype=str)
+        ds = self._h5["ids"]
+        if ds.dtype.kind in "iu":
+            return np.asarray(self._read("ids")).astype(str)
+        try:
+            return np.asarray(ds.asstr()[...], dtype=str)
+        except (OSError, RuntimeError, TypeError, ValueError, UnicodeDecodeError) as e:
+            raise FedalignError(f"{self.path}: cannot read 'ids' as strings ({_short(e)})") from None
 
     @property
     def skipped(self) -> list:
         """Inputs skipped at extraction (``--skip-bad``)."""
-        return list(json.loads(_attr_str(self._h5.attrs.get("skipped")) or "[]"))
+        return _json_attr(self._h5.attrs.get("skipped"), "skipped", list, self.path)
 
     def iter_chunks(self, chunk_rows: int = DEFAULT_CHUNK_ROWS, with_labels: bool = False):
-        """Yield ``(start, X)`` or ``(start, X, y)`` blocks; X is float32 (rows, d)."""
-        f = self._h5["features"]
-        lab = self._h5["labels"]
+        """Yield ``(start, X)`` or ``(start, X, y)`` blocks; X is float32 (rows, d).
+
+        ``chunk_rows`` must be ≥ 1. Every block is checked for NaN/Inf (and for values a
+        float64 file holds beyond the float32 range).
+        """
+        from fedalign import interrupt
+
+        if isinstance(chunk_rows, bool) or int(chunk_rows) < 1:
+            raise FedalignError(f"chunk_rows must be ≥ 1, got {chunk_rows}")
+        chunk_rows = int(chunk_rows)
+        lab = self._label_cache()
         for start in range(0, self.n, chunk_rows):
+            interrupt.check()
             stop = min(self.n, start + chunk_rows)
-            X = np.asarray(f[start:stop])
-            if not np.all(np.isfinite(X)):
-                bad = start + int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+            raw = np.asarray(self._read("features", slice(start, stop)))
+            if not np.all(np.isfinite(raw)):
+                bad = start + int(np.flatnonzero(~np.isfinite(raw).all(axis=1))[0])
                 raise FedalignError(f"{self.path}: features contain NaN or Inf (row {bad})")
+            with np.errstate(over="ignore"):
+                X = raw.astype(np.float32, copy=False)
+            if X is not raw and not np.all(np.isfinite(X)):
+                bad = start + int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+                raise FedalignError(f"{self.path}: features beyond the float32 range (row {bad})")
             if with_labels:
-                yield start, X, np.asarray(lab[start:stop], dtype=np.int64)
+                yield start, X, lab[start:stop]
             else:
                 yield start, X
 
@@ -484,6 +946,9 @@ class FeatureWriter:
 
     def append(self, X, labels, ids) -> None:
         """Append a block: X (m, d) finite floats, labels (m,) ints, ids (m,) strings."""
+        from fedalign import interrupt
+
+        interrupt.check()
         X = np.asarray(X, dtype=np.float32)
         m = X.shape[0]
         if X.ndim != 2 or X.shape[1] != self.d:
@@ -553,15 +1018,99 @@ def read_report(path) -> dict:
     return data
 
 
+def report_accuracies(report: dict, path) -> tuple[str, dict]:
+    """Check the accuracy tables of a report and return ``(producer, results)``.
+
+    ``evaluate`` reports hold ``methods: {method: {"summary": {domain: {"mean", "std"}}}}``
+    (with a ``macro`` domain) and ``alignment: null | {"tau": τ, …}``; ``dadil-evaluate``
+    reports hold ``summary: {method: {"mean", "std"}}``. ``results`` is the one present.
+    """
+    def mean_std(v, where):
+        if not (isinstance(v, dict) and all(isinstance(v.get(k), (int, float))
+                                             and not isinstance(v.get(k), bool)
+                                             for k in ("mean", "std"))):
+            raise FedalignError(f"{path}: {where} must be {{\"mean\": number, \"std\": number}}")
+
+    if "methods" in report:
+        methods = report["methods"]
+        if not isinstance(methods, dict) or not methods:
+            raise FedalignError(f"{path}: 'methods' must be a non-empty object of method results")
+        for m, r in methods.items():
+            summ = r.get("summary") if isinstance(r, dict) else None
+            if not isinstance(summ, dict) or "macro" not in summ:
+                raise FedalignError(f"{path}: methods.{m}.summary must be an object of per-domain "
+                                    "accuracies with a 'macro' entry")
+            for dom, v in summ.items():
+                mean_std(v, f"methods.{m}.summary.{dom}")
+        al = report.get("alignment")
+        if al is not None and not (isinstance(al, dict) and isinstance(al.get("tau"), (int, float))):
+            raise FedalignError(f"{path}: 'alignment' must be null or an object with a number 'tau'")
+        return "evaluate", methods
+    if "summary" in report:
+        summ = report["summary"]
+        if not isinstance(summ, dict) or not summ:
+            raise FedalignError(f"{path}: 'summary' must be a non-empty object of method results")
+        for m, v in summ.items():
+            mean_std(v, f"summary.{m}")
+        return "dadil-evaluate", summ
+    raise FedalignError(f"{path}: report has no accuracy results (no 'methods' or 'summary'; "
+                        f"producer {report.get('producer', 'unknown')!r})")
+
+
 # --------------------------------------------------------------------------------------------
 
 
 def _attr_str(v) -> str | None:
     if v is None:
         return None
-    if isinstance(v, bytes):
-        return v.decode()
+    if isinstance(v, np.ndarray) and v.size == 1:
+        v = v.reshape(()).item()
+    if isinstance(v, (bytes, np.bytes_)):
+        return bytes(v).decode("utf-8", errors="replace")
     return str(v)
+
+
+def _class_names_attr(v, path) -> list:
+    """``class_names``: a JSON list of strings (what fedalign writes), or an array of strings
+    or bytes (what ``h5.attrs["class_names"] = ["cat", "dog"]`` stores)."""
+    if v is None:
+        return []
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        if v.size == 0:
+            return []
+        if v.dtype.kind not in "USO":
+            raise FedalignError(f"{path}: attribute 'class_names' must hold strings, got {v.dtype}")
+        names = [x.decode("utf-8", errors="replace") if isinstance(x, bytes) else str(x) for x in v]
+    else:
+        text = _attr_str(v)
+        try:
+            names = json.loads(text)
+        except (json.JSONDecodeError, TypeError):
+            names = None
+        if not isinstance(names, list) or not all(isinstance(x, (str, int)) for x in names):
+            raise FedalignError(
+                f"{path}: attribute 'class_names' must be an array of strings or a JSON list of "
+                f"strings, got {text[:60]!r}")
+        names = [str(x) for x in names]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise FedalignError(f"{path}: attribute 'class_names' lists {dup[0]!r} more than once")
+    return names
+
+
+def _json_attr(v, name: str, typ, path):
+    """A JSON attribute (``provenance``: an object; ``skipped``: a list); absent → empty."""
+    if v is None:
+        return typ()
+    text = _attr_str(v)
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        value = None
+    if not isinstance(value, typ):
+        raise FedalignError(f"{path}: attribute '{name}' must be a JSON "
+                            f"{'object' if typ is dict else 'list'}, got {text[:60]!r}")
+    return value
 
 
 def _short(e: Exception) -> str:

@@ -271,15 +271,13 @@ def counts_table(domains, part: Partition) -> tuple[list, np.ndarray, list, np.n
 def write_partition(domains, part: Partition, out_dir) -> list[Path]:
     """Write ``<domain>.c<k>.train.h5`` per client and ``<domain>.test.h5`` per domain.
 
-    All files are written under temporary names and renamed only once every file is complete,
-    so a failure leaves no partial output.
+    All files are written under temporary names and renamed only once every file is complete
+    (:func:`fedalign.files.atomic_outputs`), so a failure leaves no partial output (and no
+    folder it created); no output may be one of the domains' source files.
     """
-    import contextlib
-
-    from fedalign.files import atomic_output, write_features
+    from fedalign.files import atomic_outputs, check_outputs, make_output_folder, write_features
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     by = {d.name: d for d in domains}
     common = dict(producer="fedalign partition", domains=[d.name for d in domains],
                   clients=list(part.clients), redraws=part.redraws, **part.params)
@@ -292,10 +290,10 @@ def write_partition(domains, part: Partition, out_dir) -> list[Path]:
         prov = dict(common, domain=dom, client=None, split="test",
                     source=by[dom].source, source_sha256=by[dom].source_sha256)
         jobs.append((out_dir / f"{dom}.test.h5", dom, idx, prov))
-    with contextlib.ExitStack() as stack:
+    check_outputs([d.source for d in domains if d.source], [j[0] for j in jobs])
+    with atomic_outputs():
+        make_output_folder(out_dir)
         for path, dom, idx, prov in jobs:
             d = by[dom]
-            tmp = stack.enter_context(atomic_output(path, suffix=".tmp.h5"))
-            tmp.unlink()
-            write_features(tmp, d.X[idx], d.y[idx], d.ids[idx], d.class_names, prov)
+            write_features(path, d.X[idx], d.y[idx], d.ids[idx], d.class_names, prov)
     return [j[0] for j in jobs]

@@ -5,6 +5,9 @@
   projection fitted on the *before* features, so movement is visible.
 - :func:`plot_accuracy` — grouped bars of per-domain accuracy for several reports (e.g.
   baseline vs +SLOT).
+- :func:`plot_reconstruction` — the DaDiL reconstruction picture (GMM-DaDiL, Figure 5): one
+  2-D embedding (t-SNE or PCA) of the real target features and of samples of B(α_T); the
+  classes missing from the target's adaptation data in colour, the present ones in grey.
 """
 
 from __future__ import annotations
@@ -58,8 +61,16 @@ def project_2d(X_before, X_after=None, method: str = "pca", seed: int = 0):
     """2-D coordinates of X_before (and X_after in the same frame).
 
     PCA is fitted on X_before and applied to both. t-SNE has no shared transform, so both
-    sets are embedded jointly.
+    sets are embedded jointly. Needs at least 2 feature dimensions and 2 rows (t-SNE: more
+    rows than its perplexity, min(30, max(5, n // 10))).
     """
+    n = len(X_before) + (0 if X_after is None else len(X_after))
+    if X_before.ndim != 2 or X_before.shape[1] < 2 or len(X_before) < 2:
+        raise FedalignError(f"a 2-D embedding needs at least 2 rows and 2 feature dimensions, "
+                            f"got {len(X_before)} rows of d={X_before.shape[-1]}")
+    if method == "tsne" and n <= min(30, max(5, n // 10)):
+        raise FedalignError(f"t-SNE needs more than {min(30, max(5, n // 10))} rows, got {n} "
+                            "(use --method pca)")
     if method == "pca":
         from sklearn.decomposition import PCA
 
@@ -144,14 +155,14 @@ def accuracy_series_from_reports(reports, method: str | None = None, labels=None
     Returns ``{label: {domain: mean accuracy}}``; labels default to "baseline" for
     unaligned reports and "+SLOT τ=…" for aligned ones.
     """
-    from fedalign.files import read_report
+    from fedalign.files import read_report, report_accuracies
 
     series = {}
     for i, path in enumerate(reports):
         rep = read_report(path)
-        methods = rep.get("methods", {})
-        if not methods:
-            raise FedalignError(f"{path}: report holds no method results")
+        if "methods" not in rep:
+            raise FedalignError(f"{path}: report holds no method results (an evaluate report)")
+        _, methods = report_accuracies(rep, path)
         m = method or next(iter(methods))
         if m not in methods:
             raise FedalignError(f"{path}: no results for method {m!r} (has {', '.join(methods)})")
@@ -161,3 +172,150 @@ def accuracy_series_from_reports(reports, method: str | None = None, labels=None
                  f"{m} baseline" if not al else f"{m} +SLOT τ={al['tau']:g}")
         series[label] = {d: v["mean"] for d, v in summ.items() if d != "macro"}
     return series
+
+
+# --------------------------------------------------------------------------------------------
+# Reconstruction of a target by its barycenter (GMM-DaDiL, Figure 5)
+# --------------------------------------------------------------------------------------------
+
+#: Real features: filled circles; samples of B(α_T): crosses.
+REAL_MARKER, SAMPLE_MARKER = "o", "x"
+#: Present classes: light grey (real) and dark grey (samples).
+GREY_REAL, GREY_SAMPLE = "#b4b4b4", "#5a5a5a"
+
+
+def _missing_palette(n: int) -> list:
+    """n distinct non-grey colours (tab10 without its grey, then tab20's darker shades)."""
+    import matplotlib
+
+    tab10 = [matplotlib.colors.to_hex(c) for i, c in enumerate(matplotlib.colormaps["tab10"].colors)
+             if i != 7]
+    tab20 = [matplotlib.colors.to_hex(c) for i, c in enumerate(matplotlib.colormaps["tab20"].colors)
+             if i % 2 == 1 and i not in (14, 15)]
+    pal = tab10 + tab20
+    return [pal[i % len(pal)] for i in range(n)]
+
+
+def _subsample(X, y, max_points, rng):
+    if max_points is not None and len(X) > int(max_points):
+        idx = np.sort(rng.choice(len(X), size=int(max_points), replace=False))
+        return X[idx], y[idx]
+    return X, y
+
+
+def _check_xy(X, y, what):
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y).astype(np.int64)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise FedalignError(f"{what}: features {X.shape} and labels {y.shape} disagree")
+    if not np.all(np.isfinite(X)):
+        raise FedalignError(f"{what} contain NaN or Inf")
+    return X, y
+
+
+def reconstruction_figure(X_target, y_target, X_samples, y_samples, missing_classes,
+                          method: str = "tsne", seed: int = 0, max_points: int | None = 1000,
+                          class_names=None, title: str | None = None):
+    """The reconstruction picture as an open matplotlib figure, and what it draws.
+
+    Parameters
+    ----------
+    X_target : (n, d) real target features; y_target : (n,) their labels (rows with −1 are
+        left out: the picture is coloured by class)
+    X_samples : (m, d) samples of B(α_T); y_samples : (m,) their labels
+    missing_classes : classes removed from the target's adaptation data (drawn in colour;
+        every other class in grey)
+    method : "tsne" (one joint scikit-learn t-SNE of both sets) or "pca" (fitted on the real
+        features, applied to the samples)
+    max_points : each set is subsampled (uniformly, seeded) to at most this many rows
+    class_names : optional names for the legend
+
+    Returns
+    -------
+    fig : matplotlib Figure (close it, or use :func:`plot_reconstruction`)
+    info : dict with ``method``, ``n_real``, ``n_samples`` and ``groups``: one entry per
+        (source ∈ {"real", "reconstructed"}, class group) with ``classes`` ("present" or a
+        class index), ``missing``, ``n`` (points drawn), ``color`` (hex), ``marker``, ``label``
+    """
+    if method not in ("tsne", "pca"):
+        raise FedalignError(f"--method must be pca or tsne, got {method!r}")
+    Xr, yr = _check_xy(X_target, y_target, "target features")
+    Xs, ys = _check_xy(X_samples, y_samples, "barycenter samples")
+    if Xr.shape[1] != Xs.shape[1]:
+        raise FedalignError(f"target features have d={Xr.shape[1]}, the samples d={Xs.shape[1]}")
+    if Xr.shape[1] < 2:
+        raise FedalignError("a 2-D embedding needs features of dimension ≥ 2")
+    keep = yr >= 0
+    if not keep.any():
+        raise FedalignError("the target features have no labels: cannot colour the classes")
+    Xr, yr = Xr[keep], yr[keep]
+    if not len(Xs):
+        raise FedalignError("no samples of the barycenter to draw")
+    missing = sorted({int(c) for c in missing_classes})
+    rng = np.random.default_rng(seed)
+    Xr, yr = _subsample(Xr, yr, max_points, rng)
+    Xs, ys = _subsample(Xs, ys, max_points, rng)
+    if method == "tsne" and len(Xr) + len(Xs) < 10:
+        raise FedalignError("t-SNE needs at least 10 points: use --method pca")
+    Zr, Zs = project_2d(Xr, Xs, method, seed)
+    names = [str(c) for c in class_names or ()]
+
+    def cname(c):
+        return f"{names[c]} (class {c})" if 0 <= c < len(names) else f"class {c}"
+
+    groups = []
+    for src, Z, y, grey, marker, what in (
+            ("real", Zr, yr, GREY_REAL, REAL_MARKER, "real target"),
+            ("reconstructed", Zs, ys, GREY_SAMPLE, SAMPLE_MARKER, "samples of B(α_T)")):
+        sel = ~np.isin(y, missing)
+        groups.append(dict(source=src, classes="present", missing=False, n=int(sel.sum()),
+                           color=grey, marker=marker, label=f"{what}: present classes",
+                           _Z=Z[sel]))
+    for col, c in zip(_missing_palette(len(missing)), missing):
+        for src, Z, y, marker, what in (("real", Zr, yr, REAL_MARKER, "real target"),
+                                        ("reconstructed", Zs, ys, SAMPLE_MARKER,
+                                         "samples of B(α_T)")):
+            sel = y == c
+            groups.append(dict(source=src, classes=c, missing=True, n=int(sel.sum()),
+                               color=col, marker=marker,
+                               label=f"{what}: {cname(c)}, missing", _Z=Z[sel]))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for g in groups:                     # grey first, the missing classes on top
+        Z = g.pop("_Z")
+        if not len(Z):
+            continue
+        filled = g["marker"] == REAL_MARKER
+        ax.scatter(Z[:, 0], Z[:, 1], s=14 if filled else 22, marker=g["marker"],
+                   color=g["color"], alpha=0.55 if filled else 0.9,
+                   linewidths=0 if filled else 1.0, label=g["label"],
+                   zorder=3 if g["missing"] else 2)
+    axis = {"tsne": "t-SNE", "pca": "PC"}[method]
+    ax.set_xlabel(f"{axis} 1")
+    ax.set_ylabel(f"{axis} 2")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.legend(title=f"{REAL_MARKER} real target features, {SAMPLE_MARKER} samples of B(α_T)",
+              fontsize=7, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    miss = ", ".join(cname(c) for c in missing) or "none"
+    ax.set_title(title or f"Target reconstructed by B(α_T) ({axis})\n"
+                          f"missing classes in colour: {miss}; present classes in grey",
+                 fontsize=10)
+    return fig, dict(method=method, n_real=int(len(Zr)), n_samples=int(len(Zs)), groups=groups)
+
+
+def plot_reconstruction(X_target, y_target, X_samples, y_samples, missing_classes,
+                        out="reconstruction.png", method: str = "tsne", seed: int = 0,
+                        max_points: int | None = 1000, class_names=None,
+                        title: str | None = None) -> dict:
+    """Write the reconstruction picture (:func:`reconstruction_figure`) as a PNG.
+
+    Returns the figure's ``info`` dict with ``path`` (the PNG) added.
+    """
+    fig, info = reconstruction_figure(X_target, y_target, X_samples, y_samples, missing_classes,
+                                      method, seed, max_points, class_names, title)
+    try:
+        info["path"] = _save(fig, out)
+    finally:
+        _pyplot().close(fig)
+    return info

@@ -282,7 +282,10 @@ def moments_of_file(path, per_class: bool = False, chunk_rows: int = 8192, progr
         C = None
         if per_class:
             labels = ff.labels
-            C = max(len(names), int(labels.max()) + 1 if labels.size else 0)
+            if not np.any(labels >= 0):
+                raise FedalignError(f"{path}: per-class statistics need labeled rows; all "
+                                    f"{ff.n} rows are unlabeled (label -1)")
+            C = max(len(names), int(labels.max()) + 1)
         m = Moments(ff.d, n_classes=C)
         for _, X, y in ff.iter_chunks(chunk_rows, with_labels=True):
             m.update(X, y)
@@ -298,7 +301,37 @@ def compute_stats(path, shrinkage="auto", per_class: bool = False, chunk_rows: i
     if m.n < 2:
         raise FedalignError(f"{path}: need at least 2 samples to estimate a covariance, got {m.n}")
     C, s = shrunk_covariance(m, shrinkage)
+    check_definite(C, m, s, path)
     return GaussianStats(m.n, m.mean, C, s, m, list(names))
+
+
+def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:
+    """Refuse a covariance that is not positive definite, naming why.
+
+    Shrinkage s > 0 makes Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I definite whenever one column varies
+    (constant columns are fine then); it cannot help when every column is constant
+    (tr Σ̂ = 0), and with s = 0 zero-variance columns or n ≤ d leave Σ̂ singular.
+    """
+    from fedalign.files import check_spd
+
+    try:
+        check_spd(C, "covariance")
+        return
+    except FedalignError:
+        pass
+    var = np.diag(m.empirical_covariance())
+    scale = np.maximum(np.abs(m.mean), 1.0)
+    zero = np.flatnonzero(var <= (1e-7 * scale) ** 2)
+    if len(zero) == m.d:
+        raise FedalignError(
+            f"{source}: the features are constant (every column has the same value in all "
+            f"{m.n} rows): their covariance is zero, so there is no Gaussian to align")
+    cols = ", ".join(map(str, zero[:8])) + (", …" if len(zero) > 8 else "")
+    why = (f"column{'s' if len(zero) > 1 else ''} {cols} {'have' if len(zero) > 1 else 'has'} "
+           "zero variance" if len(zero) else
+           f"n={m.n} rows for d={m.d} dimensions" if m.n <= m.d else "it is numerically singular")
+    raise FedalignError(f"{source}: the covariance is not positive definite with shrinkage "
+                        f"s={s:.3g} ({why}); use shrinkage 'auto' or a value > 0")
 
 
 def save_stats(path, st: GaussianStats, meta: dict | None = None):
@@ -327,6 +360,8 @@ def load_stats(path) -> GaussianStats:
     n = int(a["n"])
     if n < 2:
         raise FedalignError(f"{path}: stats from fewer than 2 samples (n={n})")
+    if not 0.0 <= float(a["shrinkage"]) <= 1.0:
+        raise FedalignError(f"{path}: 'shrinkage' must be in [0, 1], got {float(a['shrinkage'])}")
     d = a["mean"].shape[0]
     m = Moments(d, shift=a["shift"].astype(float), n=n, sum_y=a["sum_y"].astype(float),
                 sum_yy=a["sum_yy"].astype(float), sum_sqnorm_y=a["sum_sqnorm_y"].astype(float),

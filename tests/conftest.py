@@ -45,3 +45,14 @@ def one_thread():
     with threadpool_limits(limits=1):
         yield
     torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (e.g. the subprocess kill tests of test_faults.py) run only when
+    asked for: ``pytest -m slow`` (or any ``-m`` expression naming them)."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -161,8 +161,9 @@ def test_replacement_round_and_consensus_and_evaluate(tmp_path):
             "--n-atoms", 2, "--state", f"aggregation={state}", "--json", tmp_path / "de.json")
     assert r.exit_code == 0, r.output
     de = json.loads((tmp_path / "de.json").read_text())
-    assert set(de["summary"]) == {"source-only", "centralized GMM-DaDiL", "aggregation"}
-    assert de["summary"]["source-only"]["mean"] > 0.9
+    assert set(de["accuracy"]) == {"source-only", "centralized", "aggregation"}
+    assert set(de["accuracy"]["aggregation"]) == {"linear", "map"}
+    assert de["summary"]["source-only (logreg)"]["mean"] > 0.9
 
 
 def test_subprocess_bad_peer_and_help(tmp_path):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedalign.dictionary import (AdamState, Atoms, adam_update, init_atoms, learn_dictionary,
-                                 local_steps, project_simplex)
+from fedalign.dictionary import (AdamState, Atoms, Optim, adam_update, init_atoms,
+                                 learn_dictionary, local_steps, project_simplex)
 from fedalign.errors import FedalignError
-from fedalign.gmm import fit_gmm, map_predict, train_head_from_gmm
+from fedalign.gmm import GMM, fit_gmm, map_predict, train_head_from_gmm
 from fedalign.gmm_barycenter import barycenter_gmm
 
 
@@ -59,18 +59,69 @@ def test_local_steps_decrease_loss_and_respect_constraints():
     g = fit_gmm(X, y, components_per_class=2)
     atoms = init_atoms(3, 6, 4, 3, seed=0)
     alpha = np.full(3, 1 / 3)
-    a1, al1, st, losses = local_steps(atoms, alpha, g, 10, lr=0.2, min_var=0.5)
-    assert len(losses) == 10 and losses[-1] < 0.6 * losses[0]
-    assert a1.variances.min() >= 0.5 and np.all(al1 >= 0) and al1.sum() == pytest.approx(1.0)
-    np.testing.assert_array_equal(atoms.means, init_atoms(3, 6, 4, 3, seed=0).means)  # not modified
-    # deterministic, and resuming with the saved state equals one long run
-    a2, al2, _, losses2 = local_steps(atoms, alpha, g, 10, lr=0.2, min_var=0.5)
-    np.testing.assert_array_equal(a1.means, a2.means)
-    assert losses == losses2
-    h1 = local_steps(atoms, alpha, g, 4, lr=0.2, min_var=0.5)
-    h2 = local_steps(h1[0], h1[1], g, 6, lr=0.2, min_var=0.5, optim_state=h1[2].to_arrays())
-    np.testing.assert_allclose(h2[0].means, a1.means, rtol=1e-12)
-    assert h2[2].step == 10
+    for optim in (Optim(var_floor=0.5), Optim("adam", 0.2, "projected", var_floor=0.5)):
+        a1, al1, rec = local_steps(atoms, alpha, g, 10, optim)
+        losses = rec["losses"]
+        assert len(losses) == 10 and losses[-1] < 0.6 * losses[0]
+        assert a1.variances.min() >= 0.5 and np.all(al1 >= 0) and al1.sum() == pytest.approx(1.0)
+        assert len(rec["alpha"]) == 11 and len(rec["step_mean"]) == 10
+        np.testing.assert_array_equal(atoms.means, init_atoms(3, 6, 4, 3, seed=0).means)
+        a2, al2, rec2 = local_steps(atoms, alpha, g, 10, optim)      # deterministic
+        np.testing.assert_array_equal(a1.means, a2.means)
+        assert losses == rec2["losses"]
+    # Adam restarts at every call: 4 + 6 steps differ from 10 steps (the moments are reset)
+    opt = Optim("adam", 0.2, "projected", var_floor=0.5)
+    h1 = local_steps(atoms, alpha, g, 4, opt)
+    h2 = local_steps(h1[0], h1[1], g, 6, opt)
+    one = local_steps(atoms, alpha, g, 10, opt)
+    assert not np.allclose(h2[0].means, one[0].means)
+    fresh = local_steps(h1[0], h1[1], g, 1, opt)                  # first Adam step: lr·sign(g)
+    moved = np.abs(fresh[0].means - h1[0].means)
+    np.testing.assert_allclose(moved[moved > 1e-6], 0.2, rtol=1e-4)   # |g| ≫ Adam's ε
+
+
+def test_gd_step_removes_lr_of_the_residual():
+    """One atom, one component, the barycenter is the atom: Δm = −lr (m − target)."""
+    g = GMM(np.ones(1), np.array([[3.0, -1.0]]), np.array([[4.0, 0.25]]), np.eye(2)[[0]])
+    atoms = Atoms(np.zeros((1, 1, 2)), np.ones((1, 1, 2)), np.zeros((1, 1, 2)))
+    a1, _, rec = local_steps(atoms, [1.0], g, 1, Optim(lr=0.3, var_floor=1e-6))
+    np.testing.assert_allclose(a1.means[0, 0], 0.3 * np.array([3.0, -1.0]), rtol=1e-12)
+    np.testing.assert_allclose(np.sqrt(a1.variances[0, 0]), 1 + 0.3 * (np.array([2.0, 0.5]) - 1),
+                               rtol=1e-12)
+    feature = 9 + 1 + 1 + 0.25                       # ‖Δm‖² + ‖Δs‖²
+    assert rec["losses"][0] == pytest.approx(feature * (1 + 0.5))   # + β‖V − (½, ½)‖², β = max
+
+
+def test_alpha_rules_move_alpha_to_the_true_weights():
+    """Target = B((0.8, 0.2); atoms): every rule recovers α although ∇α has one sign."""
+    from fedalign.dictionary import ALPHA_RULES, alpha_update, domain_loss_and_grads, fit_alpha
+
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(2, 3, 4)) * 3 + 20          # far from 0: a large common part of ∇α
+    atoms = Atoms(M, np.full((2, 3, 4), 0.5), np.zeros((2, 3, 2)))
+    B = barycenter_gmm(np.array([0.8, 0.2]), atoms)
+    Bu = GMM(B.weights, B.means, B.variances)
+    _, grads = domain_loss_and_grads(dict(means=M, variances=atoms.variances,
+                                          label_logits=atoms.label_logits,
+                                          alpha=np.array([0.5, 0.5])), Bu, False)
+    assert np.all(grads["alpha"] < 0) or np.all(grads["alpha"] > 0)   # one sign: Adam stalls
+    alpha, rec = fit_alpha(atoms, Bu, 300, labeled=False, rule="newton")
+    np.testing.assert_allclose(alpha, [0.8, 0.2], atol=1e-6)
+    assert rec["loss"] < 1e-9 * rec["losses"][0] and rec["converged"]
+    # the loss jumps where the barycenter's plans change (here between α₀ = 0.5 and 0.6), so
+    # the local rules (projected, eg) may stop before the bump; every accepted step descends
+    for rule in ALPHA_RULES:
+        _, rec = fit_alpha(atoms, Bu, 50, labeled=False, rule=rule)
+        assert np.all(np.diff(rec["losses"]) <= 1e-12)
+    # Adam on α then projection: equal steps, removed by the projection
+    from fedalign.dictionary import project_simplex
+
+    st = AdamState()
+    p = {"alpha": np.array([0.5, 0.5])}
+    adam_update(p, {"alpha": grads["alpha"]}, st, 0.1)
+    np.testing.assert_allclose(project_simplex(p["alpha"]), [0.5, 0.5], atol=1e-6)
+    with pytest.raises(FedalignError, match="alpha rule"):
+        alpha_update(np.array([0.5, 0.5]), grads["alpha"], None, "sgd", 0.1)
 
 
 def test_local_steps_unlabeled_leaves_labels_alone():
@@ -78,15 +129,40 @@ def test_local_steps_unlabeled_leaves_labels_alone():
     g = fit_gmm(X, None, components_per_class=2, n_classes=3)
     atoms = init_atoms(2, 6, 4, 3, seed=1)
     atoms.label_logits[:] = np.random.default_rng(0).normal(size=atoms.label_logits.shape)
-    a1, _, _, losses = local_steps(atoms, [0.5, 0.5], g, 10)
-    assert losses[-1] < losses[0]
+    a1, _, rec = local_steps(atoms, [0.5, 0.5], g, 10)
+    assert rec["losses"][-1] < rec["losses"][0]
     np.testing.assert_array_equal(a1.label_logits, atoms.label_logits)
+    a2, al2, _ = local_steps(atoms, [0.5, 0.5], g, 3, update_atoms=False)   # α only
+    np.testing.assert_array_equal(a2.means, atoms.means)
+    assert not np.allclose(al2, [0.5, 0.5])
     with pytest.raises(FedalignError, match="labeled loss needs"):
         local_steps(atoms, [0.5, 0.5], g, 1, labeled=True)
     with pytest.raises(FedalignError, match="d=5"):
         local_steps(init_atoms(2, 6, 5, 3), [0.5, 0.5], g, 1)
     with pytest.raises(FedalignError, match="alpha"):
         local_steps(atoms, [1.0], g, 1)
+    with pytest.raises(FedalignError, match="optimizer"):
+        Optim("sgd")
+
+
+def test_default_steps_are_scale_free():
+    """Features × s + c: the fedalign steps give atoms × s + c and the same α (exactly)."""
+    X, y = _domain(2)
+    s, c = 0.02, 0.1
+    out = []
+    for Xs in (X, X * s + c):
+        g = fit_gmm(Xs, y, components_per_class=2)
+        from fedalign.dictionary import data_moments, relative_floor
+
+        mu, var = data_moments(g)
+        atoms = init_atoms(3, 6, 4, 3, seed=0, center=mu, scale=np.sqrt(var))
+        out.append(local_steps(atoms, np.full(3, 1 / 3), g, 8,
+                               Optim(var_floor=relative_floor(g, 1e-2))))
+    # equal up to EM's own tolerance (the GMM fits are scale-equivariant to ~1e-5 relative)
+    np.testing.assert_allclose(out[1][0].means, out[0][0].means * s + c, rtol=0, atol=2e-4 * s)
+    np.testing.assert_allclose(out[1][1], out[0][1], atol=1e-4)
+    np.testing.assert_allclose(out[1][2]["losses"], np.array(out[0][2]["losses"]) * s * s,
+                               rtol=1e-5)
 
 
 def test_closed_form_gradients_equal_autograd():
@@ -111,6 +187,7 @@ def test_closed_form_gradients_equal_autograd():
     g = fit_gmm(X, y, components_per_class=2)
     a = local_steps(atoms, [0.3, 0.3, 0.4], g, 3, backend="numpy")
     b = local_steps(atoms, [0.3, 0.3, 0.4], g, 3, backend="torch")
+    np.testing.assert_allclose(a[2]["losses"], b[2]["losses"], rtol=1e-9)
     np.testing.assert_allclose(a[0].means, b[0].means, rtol=1e-9)
     np.testing.assert_allclose(a[1], b[1], rtol=1e-9, atol=1e-12)
 
@@ -137,7 +214,7 @@ def test_rotated_blobs_dictionary_beats_source_only():
     Xs = np.concatenate([X for X, _ in doms[:3]])
     ys = np.concatenate([y for _, y in doms[:3]])
     source_only = LogisticRegression().fit(Xs, ys).score(Xt, yt)
-    atoms, alphas, hist = learn_dictionary(gmms, 3, n_atoms=3, n_iter=40, lr=0.1, init="sources")
+    atoms, alphas, hist = learn_dictionary(gmms, 3, n_atoms=3, n_iter=40, init="sources")
     assert isinstance(atoms, Atoms) and alphas.shape == (4, 3)
     np.testing.assert_allclose(alphas.sum(1), 1.0)
     assert hist["loss"][-1] < 0.05 * hist["loss"][0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -142,16 +141,13 @@ def test_external_method_dispatch(monkeypatch, fed):
         calls.update(inputs=inputs, domains=[t.domain for t in tests], seeds=seeds, params=params)
         return MethodResult("fake", seeds, [{t.domain: 0.5 for t in tests} for _ in seeds])
 
-    monkeypatch.setitem(sys.modules, "fake_ext_mod", types.SimpleNamespace(fake_eval=fake_eval))
-    monkeypatch.setitem(__import__("fedalign.evaluate").evaluate.EXTERNAL_METHODS, "fake",
-                        ("fake_ext_mod", "fake_eval"))
+    monkeypatch.setitem(__import__("fedalign.evaluate").evaluate.EXTERNAL_METHODS, "fake", fake_eval)
     r = runner.invoke(app, ["evaluate", "-m", "fake", "--input", "s1.npz", "s2.npz", "--param", "fake.k=3",
                             "--test", str(fed / "clients" / "beta.test.h5"), "--seeds", "0,1"])
     assert r.exit_code == 0, r.output
     assert calls == dict(inputs=[Path("s1.npz"), Path("s2.npz")], domains=["beta"], seeds=[0, 1], params={"k": "3"})
     assert "50.0 ± 0.0" in r.stdout
-    monkeypatch.setitem(__import__("fedalign.evaluate").evaluate.EXTERNAL_METHODS, "gone", ("no_such_mod", "f"))
-    with pytest.raises(FedalignError, match="not available"):
+    with pytest.raises(FedalignError, match="unknown method 'gone'"):
         evaluate_external("gone", [], [], [], [0], {})
 
 

@@ -30,7 +30,7 @@ def test_labeled_fit_matches_per_class_sklearn():
     from sklearn.mixture import GaussianMixture
 
     X, y = blobs(seed=1)
-    g = fit_gmm(X, y, components_per_class=2, seed=3)
+    g = fit_gmm(X, y, components_per_class=2, seed=3, min_var=1e-6)
     assert (g.K, g.d, g.n_classes) == (6, 4, 3)
     np.testing.assert_array_equal(g.labels.argmax(1), [0, 0, 1, 1, 2, 2])
     np.testing.assert_array_equal(g.labels.sum(1), np.ones(6))
@@ -40,6 +40,25 @@ def test_labeled_fit_matches_per_class_sklearn():
         np.testing.assert_allclose(g.variances[2 * c: 2 * c + 2], ref.covariances_, rtol=1e-10)
         # balanced: each class has mass 1/C
         np.testing.assert_allclose(g.weights[2 * c: 2 * c + 2], ref.weights_ / 3, rtol=1e-10)
+
+
+def test_relative_floor_is_scale_free_and_per_dimension():
+    """Default floor: 1 % of each dimension's variance; fits at scale s equal s × the fit."""
+    from fedalign.gmm import variance_floor
+
+    X, y = blobs(seed=1)
+    X = X.copy()
+    X[y == 0, 3] = 0.0                       # a dimension that is exactly 0 for a whole class
+    g = fit_gmm(X, y, components_per_class=2, seed=3)
+    floor = variance_floor(X)
+    np.testing.assert_allclose(floor, 0.01 * X.var(0), rtol=1e-12)
+    assert np.all(g.variances >= floor - 1e-15)
+    np.testing.assert_allclose(g.variances[g.labels.argmax(1) == 0, 3], floor[3], rtol=1e-12)
+    s = 0.02
+    g2 = fit_gmm(X * s + 0.1, y, components_per_class=2, seed=3)
+    np.testing.assert_allclose(g2.means, g.means * s + 0.1, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(g2.variances, g.variances * s * s, rtol=1e-5)
+    assert g.meta["var_floor_rel"] == 0.01 and g.meta["min_var"] is None
 
 
 def test_prior_class_weights_and_small_class():

@@ -10,7 +10,7 @@ from fedalign.gmm import GMM, fit_gmm, save_gmm
 from fedalign.gossip import (ClientState, PublishedAtoms, aggregate_atoms, choose_peers,
                              client_rng, communicate, federation_paths, gossip_round, init_client,
                              init_files, load_atoms, load_state, rng_from_array, rng_to_array,
-                             round_files, save_atoms, save_state, simulate, target_classifier)
+                             round_files, save_atoms, save_state, simulate)
 
 D, C, KPC = 4, 2, 2
 
@@ -56,7 +56,7 @@ def test_atoms_file_holds_exactly_atoms_round_producer(tmp_path):
     assert pa.round == 0 and pa.producer == "c0"
 
 
-def test_state_round_trip_keeps_rng_and_adam(tmp_path):
+def test_state_round_trip_keeps_rng_floor_and_history(tmp_path):
     st = fresh_state()
     g = GMM(np.full(3, 1 / 3), np.ones((3, D)), np.ones((3, D)), np.eye(C)[[0, 1, 0]])
     gossip_round(st, g, [], "none", local_steps=2)
@@ -65,8 +65,12 @@ def test_state_round_trip_keeps_rng_and_adam(tmp_path):
     back = load_state(tmp_path / "s.npz")
     assert back.client == "c0" and back.round == 1
     np.testing.assert_array_equal(back.alpha, st.alpha)
-    assert set(back.optim_state) == set(st.optim_state) and "adam_step" in back.optim_state
+    np.testing.assert_array_equal(back.var_floor, st.var_floor)
+    assert back.history == st.history and len(back.history[0]["losses"]) == 2
+    assert len(back.history[0]["alpha"]) == 3 and len(back.history[0]["step_mean"]) == 2
     np.testing.assert_array_equal(back.rng.random(4), st.rng.random(4))
+    with np.load(tmp_path / "s.npz", allow_pickle=False) as z:       # no optimiser survives
+        assert not any(k.startswith("adam") for k in z.files)
 
 
 def test_rng_array_round_trip():
@@ -77,21 +81,44 @@ def test_rng_array_round_trip():
     np.testing.assert_array_equal(rng_from_array(a).integers(0, 1000, 10), rng.integers(0, 1000, 10))
 
 
-def test_init_common_atoms_own_generator():
-    a1, a2, b = fresh_state("c0", seed=1), fresh_state("c0", seed=1), fresh_state("c1", seed=1)
-    np.testing.assert_array_equal(a1.means, a2.means)
-    np.testing.assert_array_equal(a1.means, b.means)  # one initial dictionary per federation
-    assert not np.allclose(a1.means, fresh_state("c0", seed=2).means)
+def test_init_own_start_per_client_and_shared_option():
+    """Algorithm 1: each client its own seeded start (federation seed and client id)."""
+    rng = np.random.default_rng(0)
+    mu = np.array([5.0, -2.0, 0.5, 10.0])
+    g = GMM(np.full(3, 1 / 3), mu + rng.normal(size=(3, D)) * 0.1, np.full((3, D), 0.04),
+            np.eye(C)[[0, 1, 0]])
+    a1, a2 = init_client("c0", g, 2, 1), init_client("c0", g, 2, 1)
+    b = init_client("c1", g, 2, 1)
+    np.testing.assert_array_equal(a1.means, a2.means)          # seeded: reproducible
+    assert not np.allclose(a1.means, b.means)                    # distinct starts
+    assert not np.allclose(a1.means, init_client("c0", g, 2, 2).means)
     assert a1.rng.integers(1 << 30) == a2.rng.integers(1 << 30) != b.rng.integers(1 << 30)
-    np.testing.assert_array_equal(a1.variances, 1.0)
+    # around the client's own data: mean μ, spread its per-dimension std
+    from fedalign.dictionary import data_moments
+
+    m, var = data_moments(g)
+    big = init_client("c0", g, 50, 1, n_components=40)
+    np.testing.assert_allclose(big.means.reshape(-1, D).mean(0), m, atol=4 * np.sqrt(var.max()) / 40)
+    np.testing.assert_allclose(big.variances[0, 0], np.maximum(var, big.var_floor))
+    np.testing.assert_allclose(big.var_floor, 0.01 * var)
     np.testing.assert_array_equal(a1.label_logits, 0.0)
     np.testing.assert_allclose(a1.alpha, 0.5)
+    # --shared-init: the earlier common N(0, I) dictionary
+    s0, s1 = (init_client(c, g, 2, 1, shared_init=True) for c in ("c0", "c1"))
+    np.testing.assert_array_equal(s0.means, s1.means)
+    np.testing.assert_array_equal(s0.variances, 1.0)
+    # reference preset: N(0, I) per client, absolute floor 0.05, Adam
+    r = init_client("c0", g, 2, 1, preset="reference")
+    assert r.settings["optimizer"] == "adam" and np.all(r.var_floor == 0.05)
+    assert not np.allclose(r.means, init_client("c1", g, 2, 1, preset="reference").means)
+    with pytest.raises(FedalignError, match="preset"):
+        init_client("c0", g, 2, 1, preset="paper")
 
 
-def peers_of(n=4, A=2, K=3, seed=0):
+def peers_of(n=4, A=2, K=3, seed=0, round=0):
     rng = np.random.default_rng(seed)
     return [PublishedAtoms(rng.normal(size=(A, K, D)), rng.uniform(0.5, 2, (A, K, D)),
-                           rng.normal(size=(A, K, C)), 1, f"p{i}") for i in range(n)]
+                           rng.normal(size=(A, K, C)), round, f"p{i}") for i in range(n)]
 
 
 def test_replacement_adopts_exactly_one_peer():
@@ -162,6 +189,13 @@ def test_strategy_none_and_errors():
     g5 = GMM(np.full(3, 1 / 3), np.ones((3, 5)), np.ones((3, 5)), np.eye(C)[[0, 1, 0]])
     with pytest.raises(FedalignError, match="dimension d=5"):
         gossip_round(fresh_state(), g5, [], "none", 0)
+    st = fresh_state()                                 # round 1 reads atoms of round 0 only
+    with pytest.raises(FedalignError, match="of round 1, but client c0 has completed only 0"):
+        gossip_round(st, g, peers_of(2, round=1), "aggregation", 0)
+    assert st.round == 0
+    gossip_round(st, g, peers_of(2, round=0), "aggregation", 0)
+    gossip_round(st, g, peers_of(2, round=1), "aggregation", 0)
+    assert st.round == 2
 
 
 def test_round_files_leave_state_untouched_on_bad_peer(tmp_path):
@@ -206,7 +240,7 @@ def test_target_classifier_beats_chance_on_blobs(tmp_path):
     st = simulate(gp, tmp_path / "f", rounds=6, strategy="aggregation", local_steps=10,
                   n_atoms=2)["tgt"]
     X, y = blobs(2, n=200, shift=0.6)
-    from fedalign.gossip import accuracy
+    from fedalign.dadil_eval import accuracy, target_classifier
 
     assert accuracy(target_classifier(st, "map"), X, y) >= 0.9
     assert accuracy(target_classifier(st, "linear", 200), X, y) >= 0.9

@@ -55,3 +55,179 @@ def test_demo_data_cli(tmp_path):
     assert len(files) == 36 and {f.parts[-3] for f in files} == {"ink", "neon", "blocky"}
     r = CliRunner().invoke(app, ["demo-data", str(tmp_path / "img")])
     assert r.exit_code == 2 and "not empty" in r.output
+
+
+# --------------------------------------------------------------------------------------------
+# Reconstruction picture (DaDiL, Figure 5) and consensus plot
+# --------------------------------------------------------------------------------------------
+
+
+def _recon_data(seed=0, n=90, m=60, d=4):
+    rng = np.random.default_rng(seed)
+    centers = np.eye(3, d) * 8
+    y = np.arange(n) % 3
+    X = centers[y] + rng.normal(size=(n, d))
+    y[:6] = -1                                               # unlabelled rows are left out
+    ys = np.arange(m) % 3
+    Xs = centers[ys] + rng.normal(size=(m, d)) * 1.2
+    return X, y, Xs, ys
+
+
+def test_reconstruction_figure_content():
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
+    from sklearn.decomposition import PCA
+
+    from fedalign.plot import GREY_REAL, GREY_SAMPLE, reconstruction_figure
+
+    X, y, Xs, ys = _recon_data()
+    fig, info = reconstruction_figure(X, y, Xs, ys, [2], method="pca", max_points=None,
+                                      class_names=["bike", "car", "mug"])
+    try:
+        keep = y >= 0
+        assert info["n_real"] == keep.sum() and info["n_samples"] == len(ys)
+        g = {(x["source"], x["classes"]): x for x in info["groups"]}
+        assert set(g) == {("real", "present"), ("reconstructed", "present"), ("real", 2),
+                          ("reconstructed", 2)}
+        assert g["real", "present"]["n"] == np.isin(y, [0, 1]).sum()
+        assert g["real", 2]["n"] == (y == 2).sum() and g["reconstructed", 2]["n"] == (ys == 2).sum()
+        assert g["real", "present"]["color"] == GREY_REAL
+        assert g["reconstructed", "present"]["color"] == GREY_SAMPLE
+        miss = mcolors.to_rgb(g["real", 2]["color"])
+        assert g["reconstructed", 2]["color"] == g["real", 2]["color"]
+        assert max(miss) - min(miss) > 0.2                    # a colour, not a grey
+        assert g["real", 2]["marker"] != g["reconstructed", 2]["marker"]
+        ax = fig.axes[0]
+        cols = ax.collections
+        assert len(cols) == 4
+        assert [len(c.get_offsets()) for c in cols] == [x["n"] for x in info["groups"]]
+        for c, x in zip(cols, info["groups"]):
+            np.testing.assert_allclose(c.get_facecolor()[0][:3], mcolors.to_rgb(x["color"]))
+        # PCA coordinates: fitted on the real (labelled) rows, the samples projected into it
+        pca = PCA(2, random_state=0).fit(X[keep])
+        Zr, Zs = pca.transform(X[keep]), pca.transform(Xs)
+        np.testing.assert_allclose(cols[0].get_offsets(), Zr[np.isin(y[keep], [0, 1])], atol=1e-9)
+        np.testing.assert_allclose(cols[3].get_offsets(), Zs[ys == 2], atol=1e-9)
+        assert ax.get_xlabel() == "PC 1" and ax.get_ylabel() == "PC 2"
+        assert "mug (class 2)" in ax.get_title() and "grey" in ax.get_title()
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(labels) == 4 and sum("missing" in t for t in labels) == 2
+        assert any("present" in t and "B(α_T)" in t for t in labels)
+    finally:
+        plt.close(fig)
+
+
+def test_reconstruction_png_tsne_subsample_and_errors(tmp_path):
+    from fedalign.plot import plot_reconstruction
+
+    X, y, Xs, ys = _recon_data(1, n=40, m=30)
+    info = plot_reconstruction(X, y, Xs, ys, [0, 2], tmp_path / "r.png", method="tsne",
+                               max_points=15)
+    assert info["path"].read_bytes()[:8] == PNG and info["method"] == "tsne"
+    assert info["n_real"] == 15 and info["n_samples"] == 15
+    assert sum(x["n"] for x in info["groups"]) == 30
+    assert len({x["color"] for x in info["groups"] if x["missing"]}) == 2
+    with pytest.raises(FedalignError, match="no labels"):
+        plot_reconstruction(X, np.full(len(y), -1), Xs, ys, [2], tmp_path / "x.png", "pca")
+    with pytest.raises(FedalignError, match="d="):
+        plot_reconstruction(X, y, Xs[:, :3], ys, [2], tmp_path / "x.png", "pca")
+    with pytest.raises(FedalignError, match="pca or tsne"):
+        plot_reconstruction(X, y, Xs, ys, [2], tmp_path / "x.png", "umap")
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.fixture
+def recon_files(tmp_path):
+    """A dictionary (atoms + a target state holding it), a report α and labelled features."""
+    from test_envelope import ALPHA, sample_gmm, target, two_atoms
+
+    from fedalign.files import sha256_file, write_features
+    from fedalign.gossip import PublishedAtoms, init_client, save_atoms, save_state
+
+    a = two_atoms()
+    save_atoms(tmp_path / "a.atoms.npz", PublishedAtoms(a.means, a.variances, a.label_logits,
+                                                        3, "amazon"))
+    st = init_client("webcam", target(), n_atoms=2, n_classes=3)
+    st.means, st.variances, st.label_logits, st.alpha = a.means, a.variances, a.label_logits, ALPHA
+    save_state(tmp_path / "w.state.npz", st)
+    X, y = sample_gmm(target(labeled=True), 60, np.random.default_rng(0))
+    write_features(tmp_path / "t.h5", X, y, [str(i) for i in range(len(y))],
+                   class_names=["bike", "car", "mug"])
+    write_report(tmp_path / "env.json", {
+        "producer": "fedalign dadil-envelope",
+        "source": {"sha256": sha256_file(tmp_path / "a.atoms.npz")},
+        "targets": {"reduced": {"alpha": [0.25, 0.75], "missing_classes": [2]},
+                    "full": {"alpha": [0.3, 0.7], "missing_classes": None}}})
+    return tmp_path
+
+
+def test_reconstruction_cli(recon_files):
+    p = recon_files
+    r = CliRunner().invoke(app, ["plot", "reconstruction", "--state", str(p / "w.state.npz"),
+                                 str(p / "t.h5"), "--missing", "mug", "--method", "pca",
+                                 "--n-per-class", "20", "-o", str(p / "s.png")])
+    assert r.exit_code == 0, r.output
+    assert (p / "s.png").read_bytes()[:8] == PNG
+    said = " ".join(r.output.split())
+    assert "0.30/0.70" in said and "2: 21 real / 20 reconstructed" in said, said
+    r = CliRunner().invoke(app, ["plot", "reconstruction", "--atoms", str(p / "a.atoms.npz"),
+                                 "--alpha", f"{p / 'env.json'}:reduced", str(p / "t.h5"),
+                                 "--method", "pca", "--n-per-class", "20", "-o", str(p / "e.png")])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "0.25/0.75" in said and "missing classes: 2:" in said, said
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--state", "w.state.npz", "--atoms", "a.atoms.npz"], "either --state"),
+    (["--atoms", "a.atoms.npz", "--missing", "2"], "give the target's --alpha"),
+    (["--atoms", "a.atoms.npz", "--alpha", "0.5,0.6", "--missing", "2"], "summing to 1"),
+    (["--atoms", "a.atoms.npz", "--alpha", "0.2,0.3,0.5", "--missing", "2"], "3 weights"),
+    (["--atoms", "a.atoms.npz", "--alpha", "env.json", "--missing", "2"], "several fitted"),
+    (["--atoms", "w.state.npz", "--alpha", "env.json:full", "--missing", "2"], "other atoms"),
+    (["--state", "w.state.npz", "--missing", "boat"], "unknown class"),
+    (["--state", "w.state.npz"], "give --missing"),
+    (["--state", "nope.state.npz", "--missing", "2"], "no such file"),
+    (["--state", "w.state.npz", "--missing", "2", "-o", "t.h5"], "refusing to overwrite"),
+])
+def test_reconstruction_cli_bad_input(recon_files, args, words):
+    p = recon_files
+    args = [str(p / a) if a.endswith((".npz", ".h5")) or a.startswith("env.json") else a
+            for a in args]                                          # file names → tmp paths
+    before = {f: f.read_bytes() for f in p.iterdir()}
+    r = CliRunner().invoke(app, ["plot", "reconstruction", str(p / "t.h5"), "--method", "pca",
+                                 *(args if "-o" in args else args + ["-o", str(p / "x.png")])])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
+    assert {f: f.read_bytes() for f in p.iterdir()} == before
+
+
+def _history(mean, rounds=None):
+    mean = np.asarray(mean, dtype=float)
+    return {"rounds": np.arange(len(mean)) if rounds is None else np.asarray(rounds),
+            "mean": mean, "max": mean * 1.5}
+
+
+def test_consensus_plot_integer_ticks_labels_and_log_scale(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from fedalign.consensus import consensus_figure, plot_consensus
+
+    for h, scale in ((_history([3.0, 2.0, 1.5]), "linear"),
+                     (_history([300.0, 5.0, 0.5, 0.01]), "log"),
+                     (_history([300.0, 1.0, 0.0], rounds=[0, 5, 10]), "symlog")):
+        fig = consensus_figure({"aggregation": h})
+        try:
+            ax = fig.axes[0]
+            fig.canvas.draw()
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+            assert ax.get_xlabel() == "round"
+            assert ax.get_ylabel().startswith("M(t) = max over weights of W2")
+            assert ax.get_yscale() == scale
+        finally:
+            plt.close(fig)
+    png = plot_consensus({"a": _history([2.0, 1.0])}, tmp_path / "c.png")
+    assert png.read_bytes()[:8] == PNG

@@ -1,50 +1,235 @@
-"""Leave-one-domain-out sweep of DeFed-GMM-DaDiL against its baselines (in-process simulation).
+"""Leave-one-domain-out reproduction of DeFed-GMM-DaDiL (Montesuma et al., ICASSP 2025).
 
-For every target domain T and seed s (and fraction of missing target classes m):
+For every dataset, target domain T and seed s (and fraction m of target classes removed):
 
-0. (``--standardize``) every domain is z-scored with its own statistics; ``--subsample N``
-   keeps a stratified N rows per domain (fixed across seeds).
-1. T is split into a stratified 80% adaptation part and a 20% test part (seeded); the test
-   part is never used for adaptation. m · C classes (floor, seeded) are removed from the
+0. ``--subsample N`` keeps a stratified N rows per domain (fixed across seeds). No feature
+   is standardised: the fedalign preset is scale-free (see ``fedalign.dictionary``).
+1. T is split into a stratified 80 % adaptation part and a 20 % test part (seed s); the test
+   part is never used for adaptation. round(m·C) classes (seeded) are removed from the
    adaptation part only.
-2. GMMs: every source labeled on all its rows (``fit_gmm``, k components per class); the target
-   unlabeled on its adaptation part (C·k components).
-3. Methods, all scored on T's test part:
-   - source-only: logistic regression on the pooled labeled source features;
-   - centralized GMM-DaDiL: ``learn_dictionary`` on all GMMs in one process;
-   - DeFed replacement / DeFed aggregation: ``fedalign.gossip.simulate`` (the same files as
-     ``fedalign dadil-round``), every client a domain, R rounds × E local steps.
-   Classifier: linear head on 500 samples per class of B(α_T; atoms) (the MAP rule is
-   recorded too).
+2. GMMs (``fedalign.gmm.fit_gmm``, its defaults): every source labeled on all its rows
+   (k components per class); the target unlabeled on its adaptation part (C·k components);
+   the oracle: the target's adaptation part WITH its labels.
+3. Rows, all scored on T's test part by ``fedalign.dadil_eval.evaluate_target`` (the one
+   evaluation path of ``fedalign evaluate -m dadil`` and ``fedalign dadil-evaluate``), each
+   GMM-based row with the linear head (500 samples per class of the barycenter) and MAP:
+   source-only (C by leave-one-source-domain-out CV), oracle labeled-target GMM, centralized
+   GMM-DaDiL (``learn_dictionary``, R·E steps), DeFed replacement and DeFed aggregation
+   (``fedalign.gossip.simulate``: the files of ``fedalign dadil-round``, byte for byte),
+   every domain one client, R rounds × E local steps, each client from its own random start.
+4. Consensus (``--consensus-target``, seed of the first main job): every round kept and
+   M(t) computed every ``--consensus-every`` rounds (``fedalign.consensus``).
+5. Envelope (``--envelope``): a federation of the sources only (aggregation); the first
+   source's atoms fixed; α_T fitted alone on the full and on the reduced (m = max missing)
+   target GMM (``fedalign.envelope``).
 
-Results go to OUT/results/*.json (one per target, seed, m; existing ones are skipped, so
-the sweep can be resumed). ``make_results.py`` turns them into RESULTS.md and plots.
+Jobs run in ``--workers`` processes (one BLAS thread each); results go to
+OUT/results/<job>.json (existing ones are skipped: resumable). ``make_results.py`` turns them
+into RESULTS.md and plots; it reads the protocol from the results themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
 
-def load_domain(path, subsample: int | None, standardize: bool = False, seed: int = 0):
+def parse_list(s, cast=str):
+    if s is None or s == "":
+        return []
+    out = []
+    for part in str(s).split(","):
+        if "-" in part and cast is int:
+            a, b = part.split("-")
+            out += list(range(int(a), int(b) + 1))
+        else:
+            out.append(cast(part))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def load_domain(path: str, subsample: int):
     from fedalign.files import read_features
     from fedalign.partition import stratified_split
 
     X, y, info = read_features(path)
-    if subsample and len(y) > subsample:
-        # stratified subsample, fixed across seeds
-        _, keep = stratified_split(y, subsample / len(y), np.random.default_rng(seed))
-        X, y = X[keep], y[keep]
-    X = X.astype(np.float64)
-    if standardize:  # each domain z-scored with its own statistics (local preprocessing)
-        X = (X - X.mean(0)) / (X.std(0) + 1e-3)
-    return X, y, info["class_names"]
+    if subsample and len(y) > subsample:   # stratified subsample, fixed across seeds
+        _, keep = stratified_split(y, subsample / len(y), np.random.default_rng(0))
+        X, y = X[np.sort(keep)], y[np.sort(keep)]
+    return X.astype(np.float64), y, list(info["class_names"])
+
+
+def split_target(y, C, seed, m):
+    """(adaptation rows, test rows, dropped classes) of the target for seed and fraction m."""
+    from fedalign.partition import stratified_split
+
+    rng = np.random.default_rng([seed, 17])
+    tr, te = stratified_split(y, 0.2, rng)
+    n_drop = int(round(m * C))
+    dropped = sorted(rng.choice(C, size=n_drop, replace=False).tolist()) if n_drop else []
+    return tr[~np.isin(y[tr], dropped)], te, dropped
+
+
+def _gmm(path: Path, X, y, a, C, seed, names):
+    from fedalign.gmm import fit_gmm, load_gmm, save_gmm
+
+    if not path.exists():
+        save_gmm(path, fit_gmm(X, y, a.k, n_classes=C, seed=seed, class_names=names))
+    return load_gmm(path)
+
+
+def init_options(a, seed):
+    return dict(n_atoms=a.n_atoms, seed=seed, preset=a.preset)
+
+
+def run_job(a, job):
+    """One (target, seed, m) job → its result dict."""
+    from fedalign.consensus import consensus_history
+    from fedalign.dadil_eval import evaluate_target
+    from fedalign.dictionary import PRESETS, Optim
+    from fedalign.gmm import save_gmm
+    from fedalign.gossip import limit_threads, load_state, simulate
+
+    limit_threads(1)
+    T, seed, m, kind = job["target"], job["seed"], job["missing"], job["kind"]
+    out = Path(a.out)
+    feats = Path(a.features)
+    data = {d: load_domain(str(feats / f"{d}.h5"), a.subsample) for d in a.domains}
+    names = data[a.domains[0]][2]
+    C = len(names) or int(max(v[1].max() for v in data.values())) + 1
+    gdir = out / "gmms" / f"s{seed}"
+    gdir.mkdir(parents=True, exist_ok=True)
+    X, y, _ = data[T]
+    tr, te, dropped = split_target(y, C, seed, m)
+    tag = f"m{int(round(100 * m)):02d}"
+    sources = [d for d in a.domains if d != T]
+    src_gmm = {d: _gmm(gdir / f"{d}.labeled.gmm.npz", *data[d][:2], a, C, seed, names)
+               for d in sources}
+    tgt_path = gdir / f"{T}.target_{tag}.gmm.npz"
+    tgt = _gmm(tgt_path, X[tr], None, a, C, seed, names)
+    res = dict(job=job, target=T, seed=seed, missing=m, dropped_classes=dropped,
+               n_adapt=int(len(tr)), n_test=int(len(te)), time={}, n_classes=C,
+               protocol=dict(vars(a), preset_settings=PRESETS[a.preset]))
+    t_all = time.perf_counter()
+    states, alpha_traj, consensus = {}, {}, {}
+    if kind in ("main", "missing"):
+        gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
+        gp[T] = tgt_path
+        keep = job.get("consensus", False)
+        for strat in ("replacement", "aggregation"):
+            fed = out / "fed" / f"{T}_s{seed}_{tag}_{strat}"
+            t0 = time.perf_counter()
+            st = simulate(gp, fed, a.rounds, strat, a.local_steps, keep_history=keep,
+                          **init_options(a, seed))
+            res["time"][f"DeFed {strat}"] = time.perf_counter() - t0
+            states[f"DeFed {strat}"] = load_state(fed / "state" / f"{T}.state.npz")
+            if a.keep_states:
+                (out / "states").mkdir(exist_ok=True)
+                shutil.copyfile(fed / "state" / f"{T}.state.npz",
+                                out / "states" / f"{job['name']}_{strat}.state.npz")
+            alpha_traj[strat] = [h.get("alpha_received", h["alpha"][-1]) for h in st[T].history]
+            res.setdefault("source_alpha", {})[strat] = {d: st[d].alpha.tolist() for d in sources}
+            res.setdefault("target_loss", {})[strat] = [st[T].history[0]["losses"][0],
+                                                        st[T].history[-1]["losses"][-1]]
+            if keep:
+                t0 = time.perf_counter()
+                h = consensus_history([fed], a.consensus_weights, 0, a.consensus_every)
+                consensus[strat] = dict(rounds=h["rounds"].tolist(), mean=h["mean"].tolist(),
+                                        max=h["max"].tolist())
+                res["time"][f"consensus {strat}"] = time.perf_counter() - t0
+            shutil.rmtree(fed, ignore_errors=True)
+    kw = {}
+    if kind == "main":
+        pre = PRESETS[a.preset]
+        Xl, yl, _ = data[T]
+        oracle = _gmm(gdir / f"{T}.oracle.gmm.npz", Xl[tr], yl[tr], a, C, seed, names)
+        kw = dict(sources=[data[d][:2] for d in sources], oracle_gmm=oracle,
+                  source_gmms=[src_gmm[d] for d in sources], target_gmm=tgt,
+                  dictionary_kwargs=dict(n_atoms=a.n_atoms, n_iter=a.rounds * a.local_steps,
+                                         init=pre["init"], var_floor_rel=pre["var_floor_rel"],
+                                         optim=Optim(pre["optimizer"], pre["lr"],
+                                                     pre["alpha_rule"], pre["lr_alpha"],
+                                                     pre["min_var"] or 1e-6)))
+    if kind in ("main", "missing"):
+        t0 = time.perf_counter()
+        r = evaluate_target(X[te], y[te], n_classes=C, domain=T, seeds=[seed], states=states,
+                            n_per_class=a.n_per_class, **kw)
+        res["time"]["evaluate"] = time.perf_counter() - t0
+        res["result"] = r.to_json()
+        res["alpha_trajectory"] = alpha_traj
+        res["consensus"] = consensus
+    if kind == "envelope":
+        res["envelope"] = envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C,
+                                       names, seed)
+    res["time"]["total"] = time.perf_counter() - t_all
+    return res
+
+
+def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, seed):
+    from fedalign.envelope import envelope_study
+    from fedalign.gossip import load_atoms, simulate
+
+    out = Path(a.out)
+    fed = out / "fed" / f"envelope_{job['target']}_s{seed}"
+    gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
+    simulate(gp, fed, a.rounds, "aggregation", a.local_steps, keep_history=False,
+             **init_options(a, seed))
+    atoms = load_atoms(fed / f"round_{a.rounds:03d}" / f"{sources[0]}.atoms.npz")
+    m = max(a.missing)
+    tr_r, _, dropped = split_target(y, C, seed, m)
+    full = _gmm(gdir / f"{job['target']}.target_m00.gmm.npz", X[tr], None, a, C, seed, names)
+    red = _gmm(gdir / f"{job['target']}.target_m{int(round(100 * m)):02d}.gmm.npz", X[tr_r],
+               None, a, C, seed, names)
+    rep = envelope_study(atoms, {"full": full, f"reduced (m={m:g})": red}, X[te], y[te],
+                         seeds=(seed,), n_per_class=a.n_per_class)
+    shutil.rmtree(fed, ignore_errors=True)
+    return dict(report=rep, atoms_of=sources[0], dropped_classes=dropped)
+
+
+def jobs_for(a):
+    jobs = []
+    for seed in a.seeds:
+        for T in a.targets:
+            jobs.append(dict(kind="main", target=T, seed=seed, missing=0.0,
+                             consensus=(T == a.consensus_target and seed == a.seeds[0])))
+    for seed in a.missing_seeds:
+        for T in a.missing_targets:
+            for m in a.missing:
+                if m > 0:
+                    jobs.append(dict(kind="missing", target=T, seed=seed, missing=m))
+    if a.envelope:
+        for seed in a.missing_seeds:
+            for T in a.missing_targets:
+                jobs.append(dict(kind="envelope", target=T, seed=seed, missing=0.0))
+    for j in jobs:
+        j["name"] = f"{j['kind']}_{j['target']}_s{j['seed']}_m{int(round(100 * j['missing'])):02d}"
+    # consensus jobs and main jobs first (longest), then the rest
+    return sorted(jobs, key=lambda j: (not j.get("consensus"), j["kind"] != "main"))
+
+
+def _jsonable(o):
+    import dataclasses
+
+    if dataclasses.is_dataclass(o):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(o).items()}
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return o if isinstance(o, (int, float, str, list, dict, type(None))) else str(o)
+
+
+def _worker_init():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from fedalign.gossip import limit_threads
+
+    limit_threads(1)
 
 
 def main(argv=None):
@@ -53,114 +238,51 @@ def main(argv=None):
     ap.add_argument("--domains", required=True, help="comma list")
     ap.add_argument("--out", required=True)
     ap.add_argument("--targets", default=None, help="comma list (default: all domains)")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--missing", default="0", help="comma list of fractions of target classes removed")
-    ap.add_argument("--methods", default="source-only,centralized,replacement,aggregation")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--local-steps", type=int, default=5)
-    ap.add_argument("--central-iters", type=int, default=100)
+    ap.add_argument("--seeds", default="0-4")
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--local-steps", type=int, default=3)
     ap.add_argument("--n-atoms", type=int, default=3)
     ap.add_argument("--k", type=int, default=5, help="components per class")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--preset", default="fedalign")
+    ap.add_argument("--n-per-class", type=int, default=500)
     ap.add_argument("--subsample", type=int, default=0)
-    ap.add_argument("--standardize", action="store_true",
-                    help="z-score every domain with its own mean/std (Amazon review: raw features ~1e-2)")
-    ap.add_argument("--consensus", action="store_true",
-                    help="keep every round of the DeFed runs of the first seed and compute M_ij(t)")
-    ap.add_argument("--consensus-points", type=int, default=6)
-    ap.add_argument("--consensus-target", default=None, help="only this target (default: all)")
-    ap.add_argument("--consensus-every", type=int, default=1)
+    ap.add_argument("--missing", default="0,0.15,0.3,0.45")
+    ap.add_argument("--missing-targets", default="", help="comma list (empty: no missing study)")
+    ap.add_argument("--missing-seeds", default="0-2")
+    ap.add_argument("--envelope", action="store_true")
+    ap.add_argument("--consensus-target", default=None)
+    ap.add_argument("--consensus-every", type=int, default=5)
+    ap.add_argument("--consensus-weights", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--keep-states", action="store_true",
+                    help="copy the target's final states to OUT/states/ (for pictures)")
     a = ap.parse_args(argv)
-
-    from fedalign.gossip import limit_threads
-
-    limit_threads(1)
-    from fedalign.consensus import consensus_history
-    from fedalign.gmm import fit_gmm, load_gmm, save_gmm
-    from fedalign.gossip import (accuracy, centralized_classifier,
-                                 simulate, source_only_classifier, target_classifier)
-    from fedalign.partition import stratified_split
-
-    feats, out = Path(a.features), Path(a.out)
+    a.domains = parse_list(a.domains)
+    a.targets = parse_list(a.targets) or a.domains
+    a.seeds = parse_list(a.seeds, int)
+    a.missing = parse_list(a.missing, float)
+    a.missing_targets = parse_list(a.missing_targets)
+    a.missing_seeds = parse_list(a.missing_seeds, int)
+    out = Path(a.out)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    domains = a.domains.split(",")
-    targets = a.targets.split(",") if a.targets else domains
-    seeds = [int(s) for s in a.seeds.split(",")]
-    missing = [float(m) for m in a.missing.split(",")]
-    methods = a.methods.split(",")
-    data = {d: load_domain(feats / f"{d}.h5", a.subsample or None, a.standardize) for d in domains}
-    C = len(data[domains[0]][2]) or int(max(v[1].max() for v in data.values())) + 1
-
-    for seed in seeds:
-        gdir = out / "gmms" / f"s{seed}"
-        gdir.mkdir(parents=True, exist_ok=True)
-        src_gmm = {}
-        for d in domains:
-            p = gdir / f"{d}.labeled.gmm.npz"
-            if not p.exists():
-                X, y, names = data[d]
-                save_gmm(p, fit_gmm(X, y, a.k, n_classes=C, seed=seed, class_names=names))
-            src_gmm[d] = p
-        for T in targets:
-            for m in missing:
-                res_path = out / "results" / f"{T}_s{seed}_m{int(round(100 * m)):02d}.json"
-                if res_path.exists():
-                    continue
-                rng = np.random.default_rng([seed, 17])
-                X, y, names = data[T]
-                tr, te = stratified_split(y, 0.2, rng)
-                dropped = sorted(rng.choice(C, size=int(np.floor(m * C + 1e-9)), replace=False).tolist())
-                tr = tr[~np.isin(y[tr], dropped)]
-                tp = gdir / f"{T}.target_m{int(round(100 * m)):02d}.gmm.npz"
-                t0 = time.perf_counter()
-                if not tp.exists():
-                    save_gmm(tp, fit_gmm(X[tr], None, a.k, n_classes=C, seed=seed, class_names=names))
-                res = dict(target=T, seed=seed, missing=m, dropped_classes=dropped,
-                           n_adapt=int(len(tr)), n_test=int(len(te)), acc={}, acc_map={},
-                           time={}, settings=vars(a), gmm_fit_s=time.perf_counter() - t0)
-                Xte, yte = X[te], y[te]
-                sources = [d for d in domains if d != T]
-                if "source-only" in methods:
-                    t0 = time.perf_counter()
-                    Xs = np.concatenate([data[d][0] for d in sources])
-                    ys = np.concatenate([data[d][1] for d in sources])
-                    res["acc"]["source-only"] = accuracy(source_only_classifier(Xs, ys, seed), Xte, yte)
-                    res["time"]["source-only"] = time.perf_counter() - t0
-                if "centralized" in methods:
-                    t0 = time.perf_counter()
-                    gs = [load_gmm(src_gmm[d]) for d in sources] + [load_gmm(tp)]
-                    pred, hist = centralized_classifier(gs, len(gs) - 1, a.n_atoms, a.central_iters,
-                                                        a.lr, seed)
-                    res["acc"]["centralized"] = accuracy(pred, Xte, yte)
-                    res["time"]["centralized"] = time.perf_counter() - t0
-                    res["centralized_loss"] = [hist["loss"][0], hist["loss"][-1]]
-                for strat in ("replacement", "aggregation"):
-                    if strat not in methods:
-                        continue
-                    fed = out / "fed" / f"{T}_s{seed}_m{int(round(100 * m)):02d}_{strat}"
-                    keep = (a.consensus and seed == seeds[0] and m == missing[0]
-                            and a.consensus_target in (None, T))
-                    gp = {d: (src_gmm[d] if d != T else tp) for d in domains}
-                    t0 = time.perf_counter()
-                    states = simulate(gp, fed, a.rounds, strat, a.local_steps, a.n_atoms, seed,
-                                      a.lr, keep_history=keep)
-                    el = time.perf_counter() - t0
-                    st = states[T]
-                    res["acc"][f"DeFed {strat}"] = accuracy(target_classifier(st, "linear", 500, seed), Xte, yte)
-                    res["acc_map"][f"DeFed {strat}"] = accuracy(target_classifier(st, "map"), Xte, yte)
-                    res["time"][f"DeFed {strat}"] = el
-                    res["time"][f"DeFed {strat} per round per client"] = el / (a.rounds * len(domains))
-                    res[f"alpha_{strat}"] = st.alpha.tolist()
-                    res[f"target_loss_{strat}"] = [st.records[0]["losses"][0] if st.records[0]["losses"] else None,
-                                                   st.records[-1]["losses"][-1] if st.records[-1]["losses"] else None]
-                    if keep:
-                        h = consensus_history([fed], a.consensus_points, 0, a.consensus_every)
-                        res[f"consensus_{strat}"] = dict(rounds=h["rounds"].tolist(),
-                                                         mean=h["mean"].tolist(), max=h["max"].tolist())
-                    shutil.rmtree(fed, ignore_errors=True)
-                res_path.write_text(json.dumps(res, indent=1))
-                print(f"{T} seed={seed} m={m}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in res["acc"].items())
-                      + " | " + ", ".join(f"{k} {v:.1f}s" for k, v in res["time"].items()), flush=True)
+    todo = [j for j in jobs_for(a) if not (out / "results" / f"{j['name']}.json").exists()]
+    t0 = time.perf_counter()
+    print(f"{len(todo)} jobs on {a.workers} workers → {out / 'results'}", flush=True)
+    with ProcessPoolExecutor(max_workers=a.workers, initializer=_worker_init) as ex:
+        futs = {ex.submit(run_job, a, j): j for j in todo}
+        for k, f in enumerate(as_completed(futs), 1):
+            j = futs[f]
+            res = f.result()
+            res["wall_clock_s"] = time.perf_counter() - t0
+            path = out / "results" / f"{j['name']}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(res, indent=1, default=_jsonable))
+            tmp.replace(path)
+            summ = res.get("result", {}).get("summary", {})
+            accs = ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in summ.items() if "map" not in n)
+            print(f"[{k}/{len(todo)} {time.perf_counter() - t0:.0f}s] {j['name']}: {accs} "
+                  f"({res['time']['total']:.0f}s)", flush=True)
+    print(f"done in {time.perf_counter() - t0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``dadil-round``, ``consensus`` and ``dadil-evaluate``: DeFed-GMM-DaDiL without a server.
 
-Also provides :func:`evaluate_dadil`, the evaluator ``fedalign evaluate --method dadil``
-delegates to (see :data:`fedalign.evaluate.EXTERNAL_METHODS`).
+The evaluation itself (``dadil-evaluate`` and ``fedalign evaluate --method dadil``) is
+:func:`fedalign.dadil_eval.evaluate_target`; this module only parses options and prints.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, out, progress_bar
+from fedalign.cli.app import command, err, guard_outputs, out, progress_bar, require
 
 
 def _threads(n: int) -> None:
@@ -33,17 +33,23 @@ def dadil_round_cmd(
     state: Path = typer.Option(..., "--state", help="The client's private state file (read and updated in place; written by --init)."),
     output: Path = typer.Option(..., "-o", "--output", help="Atoms file to publish (.npz)."),
     peer: Optional[List[Path]] = typer.Option(None, "--peer", help="A peer's atoms file (repeatable; same as the positional files)."),
-    init: bool = typer.Option(False, "--init", help="Start a fresh client: seeded atoms (means ~ N(0, I), variances 1, uniform labels), α uniform."),
+    init: bool = typer.Option(False, "--init", help="Start a fresh client: its own seeded atoms (fedalign preset: around its own data's per-dimension mean and spread; reference: N(0, I)), uniform labels, α uniform."),
     client: Optional[str] = typer.Option(None, "--client", help="Client id (required with --init; otherwise checked against the state)."),
     gmm: Optional[Path] = typer.Option(None, "--gmm", help="The client's GMM (from fit-gmm; required with --init, default: the one recorded in the state)."),
     strategy: str = typer.Option("aggregation", help="replacement, aggregation or none."),
-    local_steps: int = typer.Option(10, "--local-steps", "-E", help="Adam steps on the client's own loss per round."),
+    local_steps: int = typer.Option(5, "--local-steps", "-E", help="Local optimisation steps on the client's own loss per round."),
     n_atoms: int = typer.Option(3, "--n-atoms", help="--init: number of atoms A."),
     n_components: Optional[int] = typer.Option(None, "--n-components", help="--init: components per atom K (default: the GMM's K)."),
     n_classes: Optional[int] = typer.Option(None, "--n-classes", help="--init: classes C for an unlabeled GMM without class names."),
-    lr: float = typer.Option(0.1, help="--init: Adam learning rate."),
-    min_var: float = typer.Option(1e-6, "--min-var", help="--init: variance floor."),
-    seed: int = typer.Option(0, help="--init: federation seed: the initial atoms depend on it only (same for all clients); peer choices also on the client id."),
+    preset: str = typer.Option("fedalign", help="--init: fedalign (scale-free gradient steps, α by projected Newton, floor 1 % of the data variance) or reference (GMM-DaDiL code: Adam lr 0.1, α projected, min_var 0.05)."),
+    optimizer: Optional[str] = typer.Option(None, help="--init: gd or adam (default: the preset's)."),
+    lr: Optional[float] = typer.Option(None, help="--init: step size (gd: fraction of the residual per step, default 0.5; adam: absolute, default 0.1)."),
+    alpha_rule: Optional[str] = typer.Option(None, "--alpha-rule", help="--init: newton, projected or eg (default: the preset's)."),
+    lr_alpha: Optional[float] = typer.Option(None, "--lr-alpha", help="--init: step of the α rule (default: the preset's)."),
+    var_floor_rel: Optional[float] = typer.Option(None, "--var-floor-rel", help="--init: variance floor as a fraction of the client's per-dimension data variance (fedalign preset: 0.01)."),
+    min_var: Optional[float] = typer.Option(None, "--min-var", help="--init: absolute variance floor instead (reference preset: 0.05)."),
+    shared_init: bool = typer.Option(False, "--shared-init", help="--init: every client starts from the same N(0, I) atoms drawn from --seed alone (the earlier behaviour; M_ij(0) = 0)."),
+    seed: int = typer.Option(0, help="--init: federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
     force: bool = typer.Option(False, "--force", help="--init: overwrite an existing state."),
     threads: int = typer.Option(1, help="Torch and BLAS threads (1 is fastest for these small matrices on a busy machine)."),
 ):
@@ -52,51 +58,77 @@ def dadil_round_cmd(
     Reads the client's state and GMM and the peers' atoms; draws peers with the client's own
     seeded generator; communicates (replacement: adopt one peer's atoms; aggregation: each atom
     becomes the equal-weight labeled Wasserstein barycenter of its own and two peers' versions,
-    components matched by OT; none); runs E Adam steps on SMW2² (labeled source) or MW2²
-    (unlabeled target); then publishes the atoms (means, variances, label logits, round,
+    components matched by OT; none); runs E local steps on SMW2² (labeled source) or MW2²
+    (unlabeled target), the optimiser restarted; then publishes the atoms (means, variances, label logits, round,
     producer — never α, the GMM or samples) and updates the private state. Any bad input
     leaves the state untouched.
     """
     from fedalign.errors import FedalignError
     from fedalign.gossip import STRATEGIES, init_files, round_files
 
+    for flag, value, lo in (("--threads", threads, 1), ("--local-steps", local_steps, 0),
+                            ("--n-atoms", n_atoms, 1), ("--n-components", n_components, 1),
+                            ("--n-classes", n_classes, 1)):
+        require(flag, value, lo)
+    for flag, value in (("--lr", lr), ("--lr-alpha", lr_alpha), ("--min-var", min_var),
+                        ("--var-floor-rel", var_floor_rel)):
+        require(flag, value, above=0)
+    paths = list(peers or []) + list(peer or [])
+    # the state is updated in place (atomically): it is the one input that is also an output
+    guard_outputs(paths + [gmm, state], [output, state], allow=[state])
     _threads(threads)
     t0 = time.perf_counter()
     if init:
         if client is None or gmm is None:
             raise FedalignError("--init needs --client and --gmm")
-        st = init_files(client, gmm, state, output, n_atoms, seed, n_components, n_classes, lr,
-                        min_var, force)
+        st = init_files(client, gmm, state, output, force=force, n_atoms=n_atoms, seed=seed,
+                        n_components=n_components, n_classes=n_classes, preset=preset,
+                        shared_init=shared_init, optimizer=optimizer, lr=lr,
+                        alpha_rule=alpha_rule, lr_alpha=lr_alpha, var_floor_rel=var_floor_rel,
+                        min_var=min_var)
         A, K, d, C = st.shape
         err.print(f"dadil-round: client {client} initialised ({st.settings['role']}, A={A} K={K} "
-                  f"d={d} C={C}) → {state}, {output}")
+                  f"d={d} C={C}, preset {preset}) → {state}, {output}")
         return
     if strategy not in STRATEGIES:
         raise FedalignError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    paths = list(peers or []) + list(peer or [])
     st, rec = round_files(state, paths, output, strategy, local_steps, client=client, gmm_path=gmm)
-    loss = f"loss {rec['losses'][0]:.4g} → {rec['losses'][-1]:.4g}" if rec["losses"] else "no local steps"
-    err.print(f"dadil-round: {st.client} round {rec['round']} {strategy} "
-              f"(peers: {', '.join(rec['peers']) or '—'}), {loss} "
-              f"({time.perf_counter() - t0:.2f}s) → {output}")
+    from fedalign.gossip import describe_round
+
+    if rec.get("republished"):
+        err.print(f"dadil-round: republished {rec['republished']} (round {st.round - 1}), which "
+                  "an interrupted run had not written")
+    err.print(f"dadil-round: {describe_round(st, rec)} ({time.perf_counter() - t0:.2f}s) → {output}")
 
 
-@command("consensus",
+@command("consensus", outputs=("output", "plot"),
          epilog="Example: fedalign consensus replacement=fedA/ aggregation=fedB/ -o consensus.json "
                 "--plot consensus.png")
 def consensus_cmd(
     runs: List[str] = typer.Argument(..., help="[NAME=]PATH: a folder searched for *.atoms.npz (one federation), or an atoms file; repeat for several runs."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Report (.json) with M_ij(t)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the consensus curves."),
-    n_weights: int = typer.Option(10, "--n-weights", "-L", help="Common weight vectors: the A vertices, then Dirichlet(1) draws."),
+    n_weights: int = typer.Option(10, "--n-weights", "-L", min=1, help="Common weight vectors: the A vertices, then Dirichlet(1) draws."),
     seed: int = typer.Option(0, help="Seed of the Dirichlet weight vectors."),
-    every: int = typer.Option(1, help="Analyse every N-th round (and the last)."),
-    threads: int = typer.Option(1, help="Torch and BLAS threads."),
+    every: int = typer.Option(1, min=1, help="Analyse every N-th round (and the last)."),
+    threads: int = typer.Option(1, min=1, help="Torch and BLAS threads."),
 ):
     """Consensus curves M_ij(t) = max_l W2(B(α_l; P⁽ⁱ⁾(t)), B(α_l; P⁽ʲ⁾(t))) of gossip federations.
 
+    M_ij(t) is how far apart the dictionaries of clients i and j are after round t: both
+    dictionaries are mixed with the same barycentric weights α_l (the A vertices — the atoms
+    themselves — and Dirichlet draws), and M_ij(t) is the largest Wasserstein distance W2
+    between the two resulting barycenters. It is 0 exactly when the two dictionaries generate
+    the same measures for every tested α.
+
+    Reading the curve: a FALLING M(t) means the clients' dictionaries are converging to a
+    common one (consensus, as in the paper's Figure 2: clients start from their own atoms and
+    gossip pulls them together); a flat or RISING M(t) means they drift apart (e.g. local steps
+    pull each client towards its own data faster than communication mixes them, or all
+    clients started from one shared dictionary: then M(0) = 0 and the curve can only rise).
+
     Rounds and clients come from the atoms files themselves (round, producer). Prints the mean
-    and max over client pairs per round.
+    and max over client pairs per round; --plot draws them against integer round ticks.
     """
     from rich.table import Table
 
@@ -109,6 +141,8 @@ def consensus_cmd(
         name, eq, path = r.partition("=")
         name, path = (name, path) if eq else (Path(r).name or r, r)
         named[name] = Path(path)
+    runs_files = [f for p in named.values() for f in (sorted(p.rglob("*")) if p.is_dir() else [p])]
+    guard_outputs(list(named.values()) + runs_files, [output, plot])
     t0 = time.perf_counter()
     hists = {}
     for name, path in named.items():
@@ -141,159 +175,85 @@ def consensus_cmd(
               + "".join(f" → {p}" for p in (output, plot) if p is not None))
 
 
-def _state_for_domain(states: dict, domain: str, n_tests: int):
-    if domain in states:
-        return states[domain]
-    if len(states) == 1 and n_tests == 1:
-        return next(iter(states.values()))
-    from fedalign.errors import FedalignError
-
-    raise FedalignError(f"no DaDiL state of client {domain!r} among the inputs "
-                        f"({', '.join(sorted(states)) or 'none'})")
-
-
-def evaluate_dadil(inputs, tests, class_names, seeds, params):
-    """``fedalign evaluate --method dadil``: score target clients' DeFed-GMM-DaDiL classifiers.
-
-    Parameters
-    ----------
-    inputs : state files (``--input``); a test domain uses the state of the client with its
-        name (or the only state when there is one state and one test domain)
-    tests : list of :class:`fedalign.evaluate.TestDomain`
-    class_names, seeds : as in ``evaluate``; the seed is the sampling seed of the head
-    params : ``dadil.classifier=linear|map``, ``dadil.n_per_class=N``
-
-    Returns
-    -------
-    :class:`fedalign.evaluate.MethodResult`
-    """
-    from fedalign.errors import FedalignError
-    from fedalign.evaluate import MethodResult
-    from fedalign.gossip import CLASSIFIERS, accuracy, load_state, target_classifier
-
-    params = dict(params or {})
-    unknown = set(params) - {"classifier", "n_per_class", "threads"}
-    if unknown:
-        raise FedalignError(f"unknown dadil option {sorted(unknown)[0]!r} "
-                            "(classifier, n_per_class, threads)")
-    clf = str(params.get("classifier", "linear"))
-    if clf not in CLASSIFIERS:
-        raise FedalignError(f"dadil.classifier must be one of {', '.join(CLASSIFIERS)}, got {clf!r}")
-    try:
-        npc = int(params.get("n_per_class", 500))
-        _threads(int(params.get("threads", 1)))
-    except ValueError:
-        raise FedalignError("dadil.n_per_class and dadil.threads must be integers") from None
-    if not inputs:
-        raise FedalignError("--method dadil needs the target client's state file(s) as --input")
-    states = {}
-    for p in inputs:
-        st = load_state(p)
-        states[st.client] = st
-    per_seed = []
-    for seed in seeds:
-        acc = {}
-        for t in tests:
-            st = _state_for_domain(states, t.domain, len(tests))
-            A, K, d, C = st.shape
-            if t.X.shape[1] != d:
-                raise FedalignError(f"{t.path}: d={t.X.shape[1]}, the state of {st.client} has d={d}")
-            if C != len(class_names):
-                raise FedalignError(f"{t.path}: {len(class_names)} classes, the state of "
-                                    f"{st.client} has C={C}")
-            acc[t.domain] = accuracy(target_classifier(st, clf, npc, int(seed)), t.X, t.y)
-        per_seed.append(acc)
-    return MethodResult("dadil", [int(s) for s in seeds], per_seed,
-                        dict(classifier=clf, n_per_class=npc))
-
-
-@command("dadil-evaluate",
+@command("dadil-evaluate", outputs=("json_out",),
          epilog="Example: fedalign dadil-evaluate --test webcam.test.h5 --source amazon.h5 --source dslr.h5 "
                 "--gmm amazon.gmm.npz --gmm dslr.gmm.npz --target-gmm webcam.gmm.npz "
+                "--oracle-gmm webcam.labeled.gmm.npz "
                 "--state aggregation=fed/state/webcam.state.npz --seeds 0-2")
 def dadil_evaluate_cmd(
     test: Path = typer.Option(..., "--test", help="The target's held-out test split (.h5), never used for adaptation."),
     state: Optional[List[str]] = typer.Option(None, "--state", help="[NAME=]STATE: the target client's DeFed state after the rounds (repeatable)."),
-    source: Optional[List[Path]] = typer.Option(None, "--source", help="Labeled source features (.h5) for the source-only baseline (pooled)."),
+    source: Optional[List[Path]] = typer.Option(None, "--source", help="Labeled source features (.h5), one file per source domain, for the source-only baseline (C chosen by leave-one-source-domain-out CV)."),
     gmm: Optional[List[Path]] = typer.Option(None, "--gmm", help="Labeled source GMMs for the centralized GMM-DaDiL baseline."),
     target_gmm: Optional[Path] = typer.Option(None, "--target-gmm", help="The target's unlabeled GMM (centralized baseline)."),
-    central_iters: int = typer.Option(100, help="Adam steps of centralized GMM-DaDiL."),
-    n_atoms: int = typer.Option(3, "--n-atoms", help="Atoms of centralized GMM-DaDiL."),
-    classifier: str = typer.Option("linear", help="linear (head on barycenter samples) or map."),
-    n_per_class: int = typer.Option(500, help="Samples per class for the linear head."),
+    oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
+    central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
+    n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
+    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, or linear,map (repeatable; default: both)."),
+    n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
     seeds_opt: List[str] = typer.Option(["0"], "--seeds", help="Seeds: 0,1,2 or 0-2."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report (JSON)."),
-    threads: int = typer.Option(1, help="Torch and BLAS threads."),
+    threads: int = typer.Option(1, min=1, help="Torch and BLAS threads."),
 ):
-    """Target accuracy of DeFed-GMM-DaDiL next to source-only and centralized GMM-DaDiL.
+    """Target accuracy of DeFed-GMM-DaDiL next to honest baselines, one row per (method, head).
 
-    Rows: source-only (logistic regression on the pooled --source features), centralized
-    GMM-DaDiL (dictionary learned from --gmm + --target-gmm in one process; the seed seeds the
-    atoms), and one row per --state (the target client's B(α_T; atoms) → classifier).
+    Rows: source-only (standardised logistic regression on the --source features, C chosen by
+    leave-one-source-domain-out cross-validation on the sources, never on the target), the
+    oracle (--oracle-gmm, the target GMM fitted with labels: a ceiling), centralized GMM-DaDiL
+    (dictionary learned from --gmm + --target-gmm in one process; the seed seeds the atoms),
+    and one row per --state (the target client's B(α_T; atoms)). Every GMM-based row is scored
+    with each --classifier head. A state or GMM whose d or C differs from the test file's is
+    refused, and so is a test file without labeled rows.
     """
-    import numpy as np
     from rich.table import Table
 
+    from fedalign.dadil_eval import (METHOD_LABELS, SOURCE_ONLY, evaluate_target_files,
+                                     parse_classifiers)
     from fedalign.errors import FedalignError
-    from fedalign.evaluate import mean_std, parse_seeds
-    from fedalign.files import read_features, write_report
-    from fedalign.gmm import load_gmm
-    from fedalign.gossip import (CLASSIFIERS, accuracy, centralized_classifier, load_state,
-                                 source_only_classifier, target_classifier)
+    from fedalign.evaluate import parse_seeds
+    from fedalign.files import sha256_file, write_report
 
     _threads(threads)
-    if classifier not in CLASSIFIERS:
-        raise FedalignError(f"--classifier must be one of {', '.join(CLASSIFIERS)}, got {classifier!r}")
+    heads = parse_classifiers(classifier)
     seeds = parse_seeds(seeds_opt)
-    Xt, yt, tinfo = read_features(test)
-    d = Xt.shape[1]
-    rows: dict = {}
-    t0 = time.perf_counter()
-    if source:
-        Xs, ys = [], []
-        for p in source:
-            X, y, _ = read_features(p)
-            if X.shape[1] != d:
-                raise FedalignError(f"{p}: d={X.shape[1]}, the test file has d={d}")
-            Xs.append(X[y >= 0])
-            ys.append(y[y >= 0])
-        Xs, ys = np.concatenate(Xs), np.concatenate(ys)
-        rows["source-only"] = [accuracy(source_only_classifier(Xs, ys, s), Xt, yt) for s in seeds]
-    if gmm:
-        if target_gmm is None:
-            raise FedalignError("the centralized baseline needs --target-gmm")
-        gs = [load_gmm(p) for p in gmm] + [load_gmm(target_gmm)]
-        for p, g in zip(list(gmm) + [target_gmm], gs):
-            if g.d != d:
-                raise FedalignError(f"{p}: d={g.d}, the test file has d={d}")
-        accs = []
-        for s in seeds:
-            pred, _ = centralized_classifier(gs, len(gs) - 1, n_atoms, central_iters, seed=s,
-                                             classifier=classifier, n_per_class=n_per_class)
-            accs.append(accuracy(pred, Xt, yt))
-        rows["centralized GMM-DaDiL"] = accs
+    states = {}
     for spec in state or []:
         name, eq, path = spec.partition("=")
         name, path = (name, path) if eq else ("DeFed " + Path(spec).stem, spec)
-        st = load_state(path)
-        if st.shape[2] != d:
-            raise FedalignError(f"{path}: d={st.shape[2]}, the test file has d={d}")
-        rows[name] = [accuracy(target_classifier(st, classifier, n_per_class, s), Xt, yt)
-                      for s in seeds]
-    if not rows:
-        raise FedalignError("nothing to evaluate: give --state, --source and/or --gmm/--target-gmm")
-    domain = str(tinfo["provenance"].get("domain") or test.name.split(".")[0])
-    table = Table(title=f"target {domain}: accuracy (%), mean ± std over {len(seeds)} seed(s)")
+        if name in states or name in METHOD_LABELS:
+            raise FedalignError(f"--state: row name {name!r} used twice (give NAME=STATE)")
+        states[name] = Path(path)
+    guard_outputs(list(states.values()), [json_out])
+    if not (states or source or gmm or target_gmm or oracle_gmm):
+        raise FedalignError("nothing to evaluate: give --state, --source, --gmm/--target-gmm "
+                            "and/or --oracle-gmm")
+    units = len(seeds) * (len(states) + bool(source) + bool(gmm or target_gmm) + bool(oracle_gmm))
+    t0 = time.perf_counter()
+    with progress_bar(units, "dadil-evaluate", unit="runs") as bar:
+        res = evaluate_target_files(
+            test, states=states, sources=list(source or []), source_gmms=list(gmm or []),
+            target_gmm=target_gmm, oracle_gmm=oracle_gmm, seeds=seeds, classifiers=heads,
+            n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
+            progress=bar)
+    dom = res.domain
+    table = Table(title=f"target {dom}: accuracy (%), mean ± std over {len(seeds)} seed(s), "
+                        f"{res.n_test} test rows")
     table.add_column("method")
-    table.add_column(domain, justify="right", style="bold")
-    summary = {}
-    for name, accs in rows.items():
-        summary[name] = mean_std(accs)
-        table.add_row(name, f"{100 * summary[name]['mean']:.1f} ± {100 * summary[name]['std']:.1f}")
+    table.add_column("head")
+    table.add_column(dom, justify="right", style="bold")
+    summary = res.summary()
+    for m, h, _ in res.rows():
+        ms = summary[m][h]
+        table.add_row(METHOD_LABELS.get(m, m), h, f"{100 * ms['mean']:.1f} ± {100 * ms['std']:.1f}")
     out.print(table)
+    cv = res.records.get(SOURCE_ONLY)
+    if cv is not None and "C" in cv:
+        err.print(f"source-only: C={cv['C']:.3g} chosen by {cv['cv']} cross-validation on the "
+                  f"sources ({len(cv['Cs'])} values {min(cv['Cs']):.0e}…{max(cv['Cs']):.0e})")
     if json_out is not None:
         write_report(json_out, dict(producer="fedalign dadil-evaluate", test=str(test),
-                                    domain=domain, seeds=seeds, classifier=classifier,
-                                    per_seed=rows, summary=summary))
-    err.print(f"dadil-evaluate: {len(rows)} methods × {len(seeds)} seeds "
+                                    test_sha256=sha256_file(test), classifiers=list(heads),
+                                    states={n: str(p) for n, p in states.items()},
+                                    **res.to_json()))
+    err.print(f"dadil-evaluate: {len(res.accuracy)} methods × {len(seeds)} seeds "
               f"({time.perf_counter() - t0:.1f}s)" + (f" → {json_out}" if json_out else ""))

@@ -9,11 +9,11 @@ import typer
 from fedalign.cli.app import command, err
 
 
-@command("demo-data", epilog="Example: fedalign demo-data images/ --per-domain 200 --size 32")
+@command("demo-data", folders=("output",), epilog="Example: fedalign demo-data images/ --per-domain 200 --size 32")
 def demo_data_cmd(
     output: Path = typer.Argument(..., help="Folder to create: OUTPUT/<domain>/<digit>/<i>.png."),
-    per_domain: int = typer.Option(200, help="Images per domain (≤ 599)."),
-    size: int = typer.Option(32, help="Image side in pixels."),
+    per_domain: int = typer.Option(200, min=1, help="Images per domain (≤ 599)."),
+    size: int = typer.Option(32, min=8, help="Image side in pixels (≥ 8)."),
     seed: int = typer.Option(0, help="Split and style seed."),
 ):
     """Render scikit-learn's bundled digits in three visual styles (ink, neon, blocky).
@@ -23,11 +23,14 @@ def demo_data_cmd(
     """
     from fedalign.demo import make_digit_domains
     from fedalign.errors import FedalignError
+    from fedalign.files import atomic_output, make_output_folder
 
     if output.exists() and any(output.iterdir()):
         raise FedalignError(f"{output} exists and is not empty")
-    try:
-        counts = make_digit_domains(output, per_domain, size, seed)
-    except ValueError as e:
-        raise FedalignError(str(e)) from None
+    make_output_folder(output.parent)
+    with atomic_output(output, directory=True) as tree:  # the whole tree appears at the end
+        try:
+            counts = make_digit_domains(tree, per_domain, size, seed)
+        except ValueError as e:
+            raise FedalignError(str(e)) from None
     err.print("demo-data: " + ", ".join(f"{d} {n}" for d, n in counts.items()) + f" images → {output}")

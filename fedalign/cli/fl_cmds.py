@@ -47,7 +47,7 @@ class GreedyCommand(TyperCommand):
         return super().parse_args(ctx, expand_greedy(list(args)))
 
 
-@command("partition",
+@command("partition", folders=("output",),
          epilog="Example: fedalign partition amazon.h5 caltech10.h5 dslr.h5 webcam.h5 -o clients/ "
                 "--alpha 0.1 --seed 0")
 def partition_cmd(
@@ -55,13 +55,13 @@ def partition_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Output folder."),
     alpha: str = typer.Option("0.1", help="Dirichlet concentration of the label shift, or 'none' (domain shift only)."),
     seed: int = typer.Option(0, help="Random seed (the split and the draw are deterministic)."),
-    test_fraction: float = typer.Option(0.3, help="Stratified per-domain test fraction."),
-    clients_per_domain: int = typer.Option(1, help="Clients per domain (M)."),
+    test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction."),
+    clients_per_domain: int = typer.Option(1, min=1, help="Clients per domain (M)."),
     drop_classes: Optional[List[str]] = typer.Option(
         None, "--drop-classes",
         help="FRACTION (each client drops that share of classes at random) or [CLIENT:]LIST of class names/indices. Repeatable."),
-    max_redraws: int = typer.Option(0, help="Redraw the Dirichlet fractions up to N times while a client is empty (default: an empty client is an error)."),
-    min_client_size: int = typer.Option(1, help="A client with fewer rows counts as empty (SLOT-Align's stats need at least 2)."),
+    max_redraws: int = typer.Option(0, min=0, help="Redraw the Dirichlet fractions up to N times while a client is empty (default: an empty client is an error)."),
+    min_client_size: int = typer.Option(1, min=1, help="A client with fewer rows counts as empty (SLOT-Align's stats need at least 2)."),
 ):
     """Split domains into clients: stratified test split per domain, then Dirichlet label shift.
 
@@ -97,7 +97,7 @@ def partition_cmd(
     err.print(f"partition: {len(names)} clients, {len(dnames)} test domains → {len(paths)} files in {output}")
 
 
-@command("evaluate", cls=GreedyCommand,
+@command("evaluate", cls=GreedyCommand, outputs=("json_out",),
          epilog="Example: fedalign evaluate --method ofedavg --method fedcgs --train clients/*.train.h5 "
                 "--test clients/*.test.h5 --seeds 0 1 2 --json report.json")
 def evaluate_cmd(

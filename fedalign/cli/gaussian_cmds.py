@@ -8,16 +8,16 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, progress_bar
+from fedalign.cli.app import command, err, guard_outputs, progress_bar
 
 
-@command("stats", epilog="Example: fedalign stats client3.h5 -o client3.stats.npz --per-class")
+@command("stats", outputs=("output",), epilog="Example: fedalign stats client3.h5 -o client3.stats.npz --per-class")
 def stats_cmd(
     features: Path = typer.Argument(..., help="Features file (.h5)."),
     output: Path = typer.Option(..., "-o", "--output", help="Stats file to write (.npz)."),
     shrinkage: str = typer.Option("auto", help="auto (Ledoit–Wolf), none, or a value in [0, 1]."),
     per_class: bool = typer.Option(False, "--per-class", help="Also store class counts and class sums."),
-    chunk_rows: int = typer.Option(8192, help="Rows read per chunk (memory ∝ chunk_rows·d + d²)."),
+    chunk_rows: int = typer.Option(8192, min=1, help="Rows read per chunk (memory ∝ chunk_rows·d + d²)."),
 ):
     """Mean and Ledoit–Wolf shrunk covariance of a features file, in one streaming pass.
 
@@ -39,14 +39,14 @@ def stats_cmd(
               f"({time.perf_counter() - t0:.2f}s) → {output}")
 
 
-@command("barycenter",
+@command("barycenter", outputs=("output",),
          epilog="Example: fedalign barycenter c0.stats.npz c1.stats.npz c2.stats.npz -o ref.npz")
 def barycenter_cmd(
     stats: List[Path] = typer.Argument(..., help="Client stats files (.npz)."),
     output: Path = typer.Option(..., "-o", "--output", help="Reference file to write (.npz)."),
     weights: str = typer.Option("samples", help="samples (w_k = n_k/N) or uniform."),
-    tol: float = typer.Option(1e-10, help="Relative tolerance of the fixed point."),
-    max_iter: int = typer.Option(100, help="Maximum fixed-point iterations."),
+    tol: float = typer.Option(1e-10, min=0.0, help="Relative tolerance of the fixed point."),
+    max_iter: int = typer.Option(100, min=1, help="Maximum fixed-point iterations."),
 ):
     """Bures–Wasserstein barycenter of client Gaussians (the SLOT-Align reference).
 
@@ -70,7 +70,7 @@ def barycenter_cmd(
               f"({time.perf_counter() - t0:.2f}s) → {output}")
 
 
-@command("align", epilog="Example: fedalign align --tau 0.5 client3.h5 ref.npz -o client3.aligned.h5\n\n"
+@command("align", outputs=("output", "save_map"), epilog="Example: fedalign align --tau 0.5 client3.h5 ref.npz -o client3.aligned.h5\n\n"
                           "Test features with the training map: fedalign align --map c3.map.npz --tau 0.5 test3.h5 -o test3.aligned.h5")
 def align_cmd(
     features: Path = typer.Argument(..., help="Client features file (.h5)."),
@@ -80,7 +80,7 @@ def align_cmd(
     stats: Optional[Path] = typer.Option(None, help="Client stats file (default: computed from FEATURES)."),
     save_map: Optional[Path] = typer.Option(None, "--save-map", help="Also write the client map (.npz)."),
     map_file: Optional[Path] = typer.Option(None, "--map", help="Use a saved client map instead of a reference."),
-    chunk_rows: int = typer.Option(8192, help="Rows per streamed chunk."),
+    chunk_rows: int = typer.Option(8192, min=1, help="Rows per streamed chunk."),
 ):
     """Move features along the W2 geodesic towards the reference: T_τ(z) = (1−τ)z + τ(A z + b).
 
@@ -97,6 +97,7 @@ def align_cmd(
     check_tau(tau)
     if output is None:
         output = features.with_name(features.stem + ".aligned.h5")
+        guard_outputs([features, reference, stats, map_file], [output, save_map])
     if map_file is not None:
         amap = load_map(map_file)
         ref_hash = amap.meta.get("reference_sha256")

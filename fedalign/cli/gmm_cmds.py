@@ -11,21 +11,22 @@ import typer
 from fedalign.cli.app import command, err
 
 
-@command("fit-gmm", epilog="Example: fedalign fit-gmm client3.h5 -o client3.gmm.npz "
+@command("fit-gmm", outputs=("output",), epilog="Example: fedalign fit-gmm client3.h5 -o client3.gmm.npz "
                            "--components-per-class 5")
 def fit_gmm_cmd(
     features: Path = typer.Argument(..., help="Features file (.h5)."),
     output: Path = typer.Option(..., "-o", "--output", help="GMM file to write (.npz)."),
-    components_per_class: int = typer.Option(5, "--components-per-class", "-k",
+    components_per_class: int = typer.Option(5, "--components-per-class", "-k", min=1,
                                              help="Components per class (k); unlabeled: C·k in all."),
     class_weights: str = typer.Option("balanced", help="balanced (each class mass 1/C) or prior (n_c/n)."),
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore labels: one GMM with C·k components."),
-    n_classes: Optional[int] = typer.Option(None, "--n-classes",
+    n_classes: Optional[int] = typer.Option(None, "--n-classes", min=1,
                                             help="C (default: the file's class names, else max label + 1)."),
-    min_var: float = typer.Option(1e-6, "--min-var", help="Variance floor (also EM regularisation)."),
+    var_floor_rel: float = typer.Option(0.01, "--var-floor-rel", help="Variance floor per dimension as a fraction of that dimension's variance over the file (a rule that ignores the features' scale)."),
+    min_var: Optional[float] = typer.Option(None, "--min-var", help="Absolute variance floor instead of --var-floor-rel (also EM regularisation)."),
     seed: int = typer.Option(0, help="EM initialisation seed (same seed → same file)."),
-    max_iter: int = typer.Option(100, help="Maximum EM iterations per mixture."),
-    tol: float = typer.Option(1e-3, help="EM tolerance on the mean log-likelihood."),
+    max_iter: int = typer.Option(100, min=1, help="Maximum EM iterations per mixture."),
+    tol: float = typer.Option(1e-3, min=0.0, help="EM tolerance on the mean log-likelihood."),
 ):
     """Fit a diagonal GMM to a features file (scikit-learn EM in float64).
 
@@ -46,7 +47,7 @@ def fit_gmm_cmd(
         raise FedalignError(f"{features}: no labels and no class names: give --n-classes")
     t0 = time.perf_counter()
     g = fit_gmm(X, y, components_per_class, n_classes, class_weights, min_var, seed, max_iter,
-                tol, class_names=names)
+                tol, class_names=names, var_floor_rel=var_floor_rel)
     save_gmm(output, g, dict(producer="fedalign fit-gmm", source=str(features),
                              source_sha256=sha256_file(features)))
     not_conv = sum(not r["converged"] for r in g.meta["fit"])

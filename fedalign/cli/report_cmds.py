@@ -19,22 +19,21 @@ def report_cmd(
     from rich.table import Table
 
     from fedalign.errors import FedalignError
-    from fedalign.files import read_report
+    from fedalign.files import read_report, report_accuracies
 
     if label and len(label) != len(reports):
         raise FedalignError("give one --label per report")
     cols, rows = [], {}
     for i, path in enumerate(reports):
         rep = read_report(path)
-        if "methods" in rep:  # fedalign evaluate
+        producer, results = report_accuracies(rep, path)
+        if producer == "evaluate":
             al = rep.get("alignment")
             name = "baseline" if not al else f"+SLOT τ={al['tau']:g}"
-            vals = {m: r["summary"]["macro"] for m, r in rep["methods"].items()}
-        elif "summary" in rep:  # fedalign dadil-evaluate
+            vals = {m: r["summary"]["macro"] for m, r in results.items()}
+        else:  # fedalign dadil-evaluate
             name = f"target {rep.get('domain', '?')}"
-            vals = dict(rep["summary"])
-        else:
-            raise FedalignError(f"{path}: report has no results")
+            vals = dict(results)
         cols.append(label[i] if label else f"{name}\n{Path(path).name}")
         for m, v in vals.items():
             rows.setdefault(m, {})[i] = v

@@ -108,10 +108,28 @@ def make_config(cls, params: dict, name: str = ""):
             )
         default = fields[key].default
         kw[key] = _convert(value, default, f"{name}.{key}")
+        _check_bounds(kw[key], key, f"{name or cls.__module__}.{key}")
     cfg = cls(**kw)
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
+
+
+#: Ranges of the numeric options common to the heads (checked on the values a user gives):
+#: (lower bound, whether the bound itself is allowed).
+OPTION_BOUNDS = {
+    "epochs": (0, True), "batch_size": (1, True), "lr": (0, False), "momentum": (0, True),
+    "weight_decay": (0, True), "components": (1, True), "gmm_max_iter": (1, True),
+    "min_per_component": (0, True), "lam": (0, False), "ridge": (0, True),
+}
+
+
+def _check_bounds(value, key, label):
+    if key not in OPTION_BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    lo, closed = OPTION_BOUNDS[key]
+    if not (value >= lo if closed else value > lo):
+        raise FedalignError(f"{label} must be {'≥' if closed else '>'} {lo}, got {value}")
 
 
 def _convert(value, default, label):
