@@ -178,7 +178,9 @@ def protocol(res, ds, seeds, targets, timing):
     sub = f"a stratified {p['subsample']} rows per domain (fixed across seeds)" if p["subsample"] \
         else "all rows"
     t = timing.get(ds)
-    return (f"- Data: {sub}; domains {', '.join(p['domains'])}; C = {res[0]['n_classes']}.\n"
+    rows = {r["target"]: r["n_adapt"] + r["n_test"] for r in res if r["job"]["kind"] == "main"}
+    return (f"- Data: {sub} of the features files given ({', '.join(f'{d} {n}' for d, n in sorted(rows.items()))} "
+            f"rows); domains {', '.join(p['domains'])}; C = {res[0]['n_classes']}.\n"
             f"- Leave-one-domain-out over targets {', '.join(targets)}; seeds {', '.join(map(str, seeds))}; "
             f"the target's stratified 20 % test split (seeded) is never used for adaptation "
             f"({res[0]['n_adapt']}/{res[0]['n_test']} adaptation/test rows for {res[0]['target']}).\n"

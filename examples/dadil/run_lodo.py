@@ -174,15 +174,15 @@ def run_job(a, job):
 
 
 def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, seed):
-    from fedalign.envelope import envelope_study
-    from fedalign.gossip import load_atoms, simulate
+    from fedalign.envelope import envelope_study, load_dictionary
+    from fedalign.gossip import simulate
 
     out = Path(a.out)
     fed = out / "fed" / f"envelope_{job['target']}_s{seed}"
     gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
     simulate(gp, fed, a.rounds, "aggregation", a.local_steps, keep_history=False,
              **init_options(a, seed))
-    atoms = load_atoms(fed / f"round_{a.rounds:03d}" / f"{sources[0]}.atoms.npz")
+    atoms, _ = load_dictionary(fed / f"round_{a.rounds:03d}" / f"{sources[0]}.atoms.npz")
     m = max(a.missing)
     tr_r, _, dropped = split_target(y, C, seed, m)
     full = _gmm(gdir / f"{job['target']}.target_m00.gmm.npz", X[tr], None, a, C, seed, names)
