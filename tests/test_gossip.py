@@ -224,7 +224,7 @@ def test_simulation_learns_and_is_deterministic(tmp_path):
         _, a1 = federation_paths(tmp_path / "f1", c, 3)
         _, a2 = federation_paths(tmp_path / "f2", c, 3)
         assert a1.read_bytes() == a2.read_bytes()
-    rec = s1["tgt"].records
+    rec = s1["tgt"].history
     assert rec[-1]["losses"][-1] < rec[0]["losses"][0]
     assert all(len(r["peers"]) == 2 for r in rec)
     assert isinstance(s1["tgt"], ClientState) and s1["tgt"].round == 3

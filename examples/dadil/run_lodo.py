@@ -95,7 +95,6 @@ def run_job(a, job):
     from fedalign.consensus import consensus_history
     from fedalign.dadil_eval import evaluate_target
     from fedalign.dictionary import PRESETS, Optim
-    from fedalign.gmm import save_gmm
     from fedalign.gossip import limit_threads, load_state, simulate
 
     limit_threads(1)
