@@ -403,15 +403,15 @@ def data_moments(gmm: GMM) -> tuple[np.ndarray, np.ndarray]:
 
 
 def relative_floor(gmm: GMM, rel: float) -> np.ndarray:
-    """Variance floor rel · σ²_d per dimension from the domain's own GMM (d,); dimensions with
-    no spread get rel × 1e-6 × the mean variance (or an absolute 1e-12)."""
-    _, var = data_moments(gmm)
-    tiny = max(1e-6 * float(var.mean()), 1e-12)
-    return float(rel) * np.maximum(var, tiny)
+    """Variance floor rel · σ²_d per dimension from the domain's own GMM (d,)
+    (:func:`fedalign.gmm.floor_from_variance` of :func:`data_moments`)."""
+    from fedalign.gmm import floor_from_variance
+
+    return floor_from_variance(data_moments(gmm)[1], rel)
 
 
-def gd_update(p: dict, grads: dict, KB: int, beta: float, lr: float, var_floor) -> dict:
-    """One mass-preconditioned gradient step on the atoms, in place; returns step sizes.
+def gd_update(p: dict, grads: dict, KB: int, beta: float, lr: float, var_floor) -> None:
+    """One mass-preconditioned gradient step on the atoms, in place.
 
     The loss is Σ_ij π_ij c_ij with barycenter components of mass 1/K_B, so its Hessian in a
     component's mean or standard deviation is (2/K_B) I (and 2β/K_B for labels). Scaling
@@ -428,16 +428,13 @@ def gd_update(p: dict, grads: dict, KB: int, beta: float, lr: float, var_floor) 
     Standard deviations are then floored at √var_floor.
     """
     pre = 0.5 * KB * float(lr)
-    dm = pre * grads["means"]
-    ds = pre * grads["stds"]
-    p["means"] -= dm
-    S = np.sqrt(p["variances"]) - ds
+    p["means"] -= pre * grads["means"]
+    S = np.sqrt(p["variances"]) - pre * grads["stds"]
     p["variances"] = np.maximum(S, 0.0) ** 2
     np.maximum(p["variances"], var_floor, out=p["variances"])
     if beta > 0:   # the same step on the labels V themselves, kept in the simplex
         V = project_simplex(softmax_np(p["label_logits"]) - pre / beta * grads["labels"])
         p["label_logits"] = np.log(np.maximum(V, LABEL_FLOOR))
-    return dict(mean=float(np.sqrt(np.mean(dm**2))), std=float(np.sqrt(np.mean(ds**2))))
 
 
 def _qp_simplex(G: np.ndarray, b: np.ndarray, x0: np.ndarray, n_iter: int = 500,
@@ -701,9 +698,10 @@ def learn_dictionary(gmms: list, target_index: int, n_atoms: int = 3, n_iter: in
     pooled_mu = np.mean(mus, 0)
     pooled_var = np.mean(vars_, 0) + np.var(mus, 0)
     if var_floor_rel is not None:
-        tiny = max(1e-6 * float(pooled_var.mean()), 1e-12)
+        from fedalign.gmm import floor_from_variance
+
         optim = Optim(optim.optimizer, optim.lr, optim.alpha_rule, optim.lr_alpha,
-                      float(var_floor_rel) * np.maximum(pooled_var, tiny))
+                      floor_from_variance(pooled_var, var_floor_rel))
     if atoms is None:
         if init == "data":
             atoms = init_atoms(n_atoms, K, d, C, seed, center=pooled_mu, scale=np.sqrt(pooled_var))
@@ -726,14 +724,14 @@ def learn_dictionary(gmms: list, target_index: int, n_atoms: int = 3, n_iter: in
     want_model = not (optim.optimizer == "adam" and optim.alpha_rule == "projected")
     for it in range(int(n_iter)):
         dom, steps, new_alpha = [], [], p["alpha"].copy()
-        total = dict(means=0.0, variances=0.0, label_logits=0.0, stds=0.0,
+        total = dict(means=0.0, variances=0.0, label_logits=0.0,
                      alpha=np.zeros_like(p["alpha"]))
         for i, (g, lab) in enumerate(zip(gmms, labeled)):
             q = dict(p, alpha=p["alpha"][i])
             loss_i, g_i, model = _loss_grads(q, g, lab, K, bary_tol, bary_max_iter, backend,
                                              want_model)
             dom.append(loss_i)
-            for name in ("means", "variances", "label_logits", "stds"):
+            for name in ("means", "variances", "label_logits"):   # Adam's summed gradient
                 total[name] = total[name] + g_i[name]
             total["alpha"][i] = g_i["alpha"]
             if optim.optimizer == "gd":

@@ -146,7 +146,13 @@ def variance_floor(X, rel: float = VAR_FLOOR_REL) -> np.ndarray:
     of 1 % of each dimension's variance (a tenth of its standard deviation) is a rule that does
     not depend on the features' scale.
     """
-    var = np.var(np.asarray(X, dtype=np.float64), axis=0)
+    return floor_from_variance(np.var(np.asarray(X, dtype=np.float64), axis=0), rel)
+
+
+def floor_from_variance(var, rel: float = VAR_FLOOR_REL) -> np.ndarray:
+    """rel · max(σ²_d, tiny) per dimension (d,), tiny = max(1e-6 × mean σ², 1e-12): the one
+    rule behind every relative variance floor (GMM fits, atoms, centralized DaDiL)."""
+    var = np.asarray(var, dtype=np.float64)
     tiny = max(1e-6 * float(var.mean()) if var.size else 0.0, 1e-12)
     return float(rel) * np.maximum(var, tiny)
 

@@ -397,7 +397,8 @@ def init_client(client: str, gmm, n_atoms: int = 3, seed: int = 0, n_components:
     seed : the federation seed
     preset, overrides : :func:`client_settings`
     """
-    from fedalign.dictionary import data_moments, init_atoms, relative_floor
+    from fedalign.dictionary import data_moments, init_atoms
+    from fedalign.gmm import floor_from_variance
 
     check_client_id(client)
     if int(n_atoms) < 1:
@@ -407,14 +408,14 @@ def init_client(client: str, gmm, n_atoms: int = 3, seed: int = 0, n_components:
     K = int(n_components) if n_components is not None else gmm.K
     if K < 1:
         raise FedalignError(f"the number of components must be ≥ 1, got {K}")
+    mu, var = data_moments(gmm)
     if settings["var_floor_rel"] is not None:
-        floor = relative_floor(gmm, settings["var_floor_rel"])
+        floor = floor_from_variance(var, settings["var_floor_rel"])
     else:
         floor = np.full(gmm.d, float(settings["min_var"]))
     if shared_init:
         atoms = init_atoms(int(n_atoms), K, gmm.d, C, seed=int(seed))
     elif settings["init"] == "data":
-        mu, var = data_moments(gmm)
         atoms = init_atoms(int(n_atoms), K, gmm.d, C, seed=client_init_seed(seed, client),
                            center=mu, scale=np.sqrt(np.maximum(var, floor)))
     else:
