@@ -6,7 +6,7 @@ d = 1280, C = 10 classes × 5 components (K = 50), A = 3 atoms, 4 clients (3 lab
 - one local Adam step (source SMW2², target MW2²) and E of them;
 - the aggregation (3 labeled barycenters of 3 versions) and the replacement;
 - state + atoms file I/O;
-- a whole in-process federation of 4 clients × R rounds (``fedalign.gossip.simulate``), the
+- a whole in-process federation of 4 clients × R rounds (``fedalign.dadil.simulation.simulate``), the
   same files the CLI writes, and one ``fedalign dadil-round`` subprocess (import included).
 
 Usage: python benchmarks/bench_dadil.py [--rounds 50] [--local-steps 10] [--threads 1]
@@ -58,18 +58,19 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
 
-    from fedalign.gossip import limit_threads
+    from fedalign.threads import limit_threads
 
     limit_threads(a.threads)
+    from fedalign.dadil.gossip import aggregate_atoms, communicate, local_update
+    from fedalign.dadil.simulation import simulate
+    from fedalign.dadil.state import PublishedAtoms, init_client, save_atoms, save_state
     from fedalign.gmm import load_gmm
-    from fedalign.gossip import (PublishedAtoms, aggregate_atoms, communicate, init_client,
-                                 local_update, save_atoms, save_state, simulate)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_dadil_"))
     paths = synthetic_gmms(tmp)
     src, tgt = load_gmm(paths["source0"]), load_gmm(paths["target"])
-    st_s = init_client("source0", src, 3, 0)
-    st_t = init_client("target", tgt, 3, 0)
+    st_s = init_client("source0", src, n_atoms=3, seed=0)
+    st_t = init_client("target", tgt, n_atoms=3, seed=0)
     local_update(st_s, src, 1)  # warm-up (imports, allocator)
     t_src = timeit(lambda: local_update(st_s, src, 1))
     t_tgt = timeit(lambda: local_update(st_t, tgt, 1))
@@ -93,7 +94,8 @@ def main():
 
     for strat in ("aggregation", "replacement"):
         t0 = time.perf_counter()
-        simulate(paths, tmp / f"fed_{strat}", a.rounds, strat, E, 3, 0, keep_history=False)
+        simulate(paths, tmp / f"fed_{strat}", a.rounds, strat, E, keep_history=False, n_atoms=3,
+                 seed=0)
         el = time.perf_counter() - t0
         print(f"  measured federation, 4 clients × {a.rounds} rounds, E={E}, {strat}: {el:.0f} s "
               f"= {el / 60:.1f} min ({el / (4 * a.rounds):.2f} s per round per client; "

@@ -45,7 +45,7 @@ def full(v):
 def bench_mw2(a):
     import ot
 
-    from fedalign.mixture_ot import diag_w2_cost, mw2
+    from fedalign.dadil.distances import diag_w2_cost, mw2
 
     rng = np.random.default_rng(0)
     print("1. MW2² between two diagonal GMMs: fedalign vs POT ot.gmm.gmm_ot_loss (full covariances)")
@@ -73,7 +73,7 @@ def bench_mw2(a):
         D = [ot.gaussian.bures_wasserstein_distance(m1[0], m2[j], np.diag(v1[0]), np.diag(v2[j])) ** 2
              for j in range(nb)]
         t_p = time.perf_counter() - t0
-        ours = diag_w2_cost(m1[:1], v1[:1], m2[:nb], v2[:nb]).numpy()[0]
+        ours = diag_w2_cost(m1[:1], v1[:1], m2[:nb], v2[:nb])[0]
         per_pair = t_p / nb
         est = per_pair * K * K
         print(f"   POT bures_wasserstein_distance on {nb} pairs at d={d}: {per_pair:.1f} s per pair, "
@@ -109,7 +109,7 @@ def bench_fit(a):
 
 
 def bench_dictionary(a):
-    from fedalign.dictionary import init_atoms, learn_dictionary, local_steps
+    from fedalign.dadil import init_atoms, learn_dictionary, local_steps
     from fedalign.gmm import GMM
 
     rng = np.random.default_rng(2)
@@ -120,7 +120,7 @@ def bench_dictionary(a):
         labels = np.eye(C)[np.repeat(np.arange(C), k)] if i < 3 else None
         gmms.append(GMM(np.full(K, 1 / K), rng.normal(size=(K, d)) + i,
                         rng.uniform(0.1, 1.0, (K, d)), labels))
-    t_c, (_, _, hist) = _timed(lambda: learn_dictionary(gmms, 3, n_atoms=A, n_iter=1), repeats=3)
+    t_c, _ = _timed(lambda: learn_dictionary(gmms, 3, n_atoms=A, n_iter=1), repeats=3)
     atoms = init_atoms(A, K, d, C, seed=0)
     t_s, _ = _timed(lambda: local_steps(atoms, np.full(A, 1 / A), gmms[0], 1), repeats=3)
     t_t, _ = _timed(lambda: local_steps(atoms, np.full(A, 1 / A), gmms[3], 1), repeats=3)

@@ -8,6 +8,11 @@ Every subcommand is a thin layer over the library modules of this package:
 - :mod:`fedalign.stats`      streaming moments and Ledoit–Wolf shrinkage
 - :mod:`fedalign.gaussian`   Bures–Wasserstein distance, OT maps, barycenters (SLOT-Align)
 - :mod:`fedalign.align`      applying Gaussian OT maps to feature files
+- :mod:`fedalign.dadil`      DeFed-GMM-DaDiL (a subpackage, one module per concept)
+- :mod:`fedalign.estimators` scikit-learn / skada estimators (``fedalign.SLOTAlign``,
+  ``fedalign.GMMDaDiLClassifier``)
+
+Every room, what it holds and what it may import: ``docs/architecture.md``.
 
 Importing :mod:`fedalign` never imports torch.
 """
@@ -15,3 +20,15 @@ Importing :mod:`fedalign` never imports torch.
 __version__ = "0.1.0"
 
 from fedalign.errors import FedalignError  # noqa: E402,F401
+
+#: scikit-learn / skada estimators (:mod:`fedalign.estimators`), imported on first use so that
+#: ``import fedalign`` (and ``fedalign --help``) loads neither scikit-learn nor torch.
+_ESTIMATORS = ("SLOTAlign", "GMMDaDiLClassifier")
+
+
+def __getattr__(name):
+    if name in _ESTIMATORS:
+        from fedalign import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'fedalign' has no attribute {name!r}")

@@ -7,6 +7,14 @@ Protocol (one shot):
 3. client k builds its map A_k, b_k from its *training* statistics (:func:`client_map`) and
    moves every feature along the W2 geodesic, T_τ(z) = (1−τ) z + τ (A_k z + b_k)
    (:func:`align_file`). The same map is applied to that domain's test features.
+
+Provenance. A map records whose it is: ``scope="client"`` with the ``client`` and its
+``domain`` (:func:`client_map`), or ``scope="domain"`` with the ``domain`` and its
+contributing ``clients`` (:func:`domain_map`, several clients per domain), and the digest of
+the statistics it was built from (:func:`stats_digest`; for a domain map also each client's).
+:func:`map_provenance` copies this into the ``align`` step of every aligned file's history, so
+``evaluate`` can refuse a test file of domain D mapped with a map that belongs neither to one
+of D's clients nor to D.
 """
 
 from __future__ import annotations
@@ -16,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign import defaults
+from fedalign.backend import get_backend
 from fedalign.errors import FedalignError
 from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_map
 
 #: Default geodesic time (the SLOT-Align reference implementation's fixed-mode default).
-DEFAULT_TAU = 0.4
+DEFAULT_TAU = defaults.TAU
 
 
 @dataclass
@@ -48,14 +58,20 @@ class AffineMap:
 
 
 def make_reference(stats_list, weights: str = "samples", tol: float = 1e-10,
-                   max_iter: int = 100) -> Reference:
+                   max_iter: int = 100, progress=None, backend="numpy",
+                   device="cpu") -> Reference:
     """Bures–Wasserstein barycenter of client stats.
 
     Parameters
     ----------
     stats_list : list of :class:`fedalign.stats.GaussianStats`
     weights : "samples" (w_k = n_k / N) or "uniform"
+    progress : optional callable(iteration, rel_change, residual) after every fixed-point
+        iteration
+    backend, device : where the fixed point runs (:func:`fedalign.backend.get_backend`); a
+        torch run records ``compute`` (backend, device) in the reference's metadata
     """
+    bk = get_backend(backend, device)
     if not stats_list:
         raise FedalignError("barycenter needs at least one stats file")
     d = stats_list[0].d
@@ -68,10 +84,12 @@ def make_reference(stats_list, weights: str = "samples", tol: float = 1e-10,
     elif weights == "uniform":
         w = np.full(len(n), 1.0 / len(n))
     else:
-        raise FedalignError(f"--weights must be 'samples' or 'uniform', got {weights!r}")
+        raise FedalignError(f"weights must be 'samples' or 'uniform', got {weights!r}")
     bc = gaussian_barycenter([s.mean for s in stats_list], [s.covariance for s in stats_list],
-                             w, tol=tol, max_iter=max_iter)
+                             w, tol=tol, max_iter=max_iter, progress=progress, backend=bk)
     meta = dict(convergence=bc.record(), weighting=weights, tol=tol, max_iter=max_iter)
+    if bk.record():
+        meta["compute"] = bk.record()
     return Reference(bc.mean, bc.covariance, bc.weights, n, meta)
 
 
@@ -92,12 +110,66 @@ def load_reference(path) -> Reference:
                      a["weights"].astype(float), a["n"], meta)
 
 
-def client_map(stats, ref: Reference) -> AffineMap:
-    """OT map from a client's Gaussian proxy to the reference (τ = 1)."""
+def stats_digest(stats) -> str:
+    """sha256 of a Gaussian proxy: n (int64), mean (d,) and covariance (d, d) as float64 bytes.
+
+    The same statistics give the same digest whether they were read from a stats file or
+    computed in memory.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(np.int64(stats.n).tobytes())
+    h.update(np.ascontiguousarray(stats.mean, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(stats.covariance, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def client_map(stats, ref: Reference, client: str | None = None, domain: str | None = None,
+               backend="numpy", device="cpu") -> AffineMap:
+    """OT map from a client's Gaussian proxy to the reference (τ = 1), owned by ``client``
+    (``backend``, ``device``: where its eigendecompositions run)."""
     if stats.d != ref.d:
         raise FedalignError(f"dimension mismatch: client d={stats.d}, reference d={ref.d}")
-    A, b = ot_map(stats.mean, stats.covariance, ref.mean, ref.covariance)
-    return AffineMap(A, b, dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n)))
+    A, b = ot_map(stats.mean, stats.covariance, ref.mean, ref.covariance, backend, device)
+    return AffineMap(A, b, dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n),
+                                scope="client", client=client, domain=domain,
+                                stats_sha256=stats_digest(stats)))
+
+
+def domain_map(stats_list, ref: Reference, domain: str, clients, backend="numpy",
+               device="cpu") -> AffineMap:
+    """OT map of a domain's pooled Gaussian (its clients' statistics pooled exactly,
+    :func:`fedalign.pooling.pool_stats`) to the reference (τ = 1).
+
+    The rule for a domain with several clients: its test split is mapped by this map. With one
+    client the pooled Gaussian is that client's, so the map equals :func:`client_map`'s.
+    """
+    from fedalign.pooling import pool_stats
+
+    clients = [str(c) for c in clients]
+    if len(clients) != len(stats_list):
+        raise FedalignError(f"{len(stats_list)} statistics for {len(clients)} clients")
+    pooled = pool_stats(stats_list) if len(stats_list) > 1 else stats_list[0]
+    if pooled.d != ref.d:
+        raise FedalignError(f"dimension mismatch: domain d={pooled.d}, reference d={ref.d}")
+    A, b = ot_map(pooled.mean, pooled.covariance, ref.mean, ref.covariance, backend, device)
+    return AffineMap(A, b, dict(reference_sha256=ref.meta.get("sha256"), n=int(pooled.n),
+                                scope="domain", client=None, domain=str(domain), clients=clients,
+                                stats_sha256=stats_digest(pooled),
+                                client_stats_sha256=[stats_digest(s) for s in stats_list]))
+
+
+def map_provenance(amap: AffineMap, reference_sha256: str | None = None) -> dict:
+    """The owner record an aligned file's ``align`` step carries (see the module docstring)."""
+    m = amap.meta
+    out = dict(reference_sha256=reference_sha256 or m.get("reference_sha256"),
+               map_scope=m.get("scope"), map_client=m.get("client"), map_domain=m.get("domain"),
+               stats_sha256=m.get("stats_sha256"))
+    if m.get("scope") == "domain":
+        out.update(map_clients=list(m.get("clients", [])),
+                   client_stats_sha256=list(m.get("client_stats_sha256", [])))
+    return out
 
 
 def save_map(path, amap: AffineMap):
@@ -120,12 +192,21 @@ def apply_map(X: np.ndarray, amap: AffineMap, tau: float) -> np.ndarray:
     return (X @ At.T.astype(np.float32)) + bt.astype(np.float32)
 
 
-def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: int = 8192,
-               provenance: dict | None = None, progress=None) -> Path:
-    """Stream a features file through T_τ into ``out`` (atomic); labels, ids, names kept."""
+def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: int = defaults.CHUNK_ROWS,
+               provenance: dict | None = None, progress=None, backend="numpy",
+               device="cpu") -> Path:
+    """Stream a features file through T_τ into ``out`` (atomic); labels, ids, names kept.
+
+    The product is float32 (z ↦ z Aᵀ_τ + b_τ), with numpy BLAS or, with ``backend="torch"``,
+    on ``device`` (pinned, non-blocking copies); a torch run records ``compute`` (backend,
+    device) in the file's ``align`` step.
+    """
     from fedalign.files import FeatureWriter, atomic_output, open_features
 
     tau = check_tau(tau)
+    bk = get_backend(backend, device)
+    if bk.record():
+        provenance = dict(provenance or {}, compute=bk.record())
     At, bt = interpolate_map(amap.A, amap.b, tau)
     At32, bt32 = np.ascontiguousarray(At.T, dtype=np.float32), bt.astype(np.float32)
     with open_features(src) as ff:
@@ -137,26 +218,33 @@ def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: 
         with atomic_output(out, suffix=".tmp.h5") as tmp:
             with FeatureWriter(tmp, ff.d, ff.class_names, prov, chunk_rows=min(chunk_rows, 4096),
                                expected_rows=ff.n) as w:
-                _pipeline(ff.iter_chunks(chunk_rows, with_labels=True), At32, bt32, w, ids, progress)
+                _pipeline(ff.iter_chunks(chunk_rows, with_labels=True), At32, bt32, w, ids,
+                          progress, bk=bk)
     return Path(out)
 
 
-def _pipeline(chunks, At32, bt32, writer, ids, progress, workers: int = 2):
+def _pipeline(chunks, At32, bt32, writer, ids, progress, workers: int = 2, bk=None):
     """Map chunks in worker threads while HDF5 reads/writes proceed in this one.
 
     Each worker runs its matrix product with one BLAS thread (products release the GIL), so
     the products of consecutive chunks and the I/O share the cores without BLAS threads
-    waiting on each other.
+    waiting on each other. With a torch backend the same float32 product runs on its device.
     """
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits
 
+    bk = get_backend(bk)
+    if bk.is_torch:
+        At32, bt32 = bk.asarray(At32, np.float32), bk.asarray(bt32, np.float32)
+
     def affine(X):
-        Z = X @ At32
-        Z += bt32
-        return Z
+        with bk.guard(f"align of a {X.shape[0]} × {X.shape[1]} block",
+                      8 * X.size + 4 * At32.shape[0] * At32.shape[1]):
+            Z = bk.asarray(X, np.float32) @ At32 if bk.is_torch else X @ At32
+            Z += bt32
+            return bk.to_numpy(Z)
 
     pending = deque()
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:

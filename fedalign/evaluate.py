@@ -13,7 +13,25 @@ Protocol
       fedalign align --tau T --map c.map.npz dom.test.h5 -o dom.test.al.h5
 
   ``evaluate`` checks this from the files' provenance: a test domain whose client files were
-  aligned must be aligned with the same τ and the same reference, and vice versa.
+  aligned must be aligned with the same τ and the same reference, and vice versa; and the
+  map that moved a test file of domain D must belong to one of D's clients (built from the
+  same statistics its training file was aligned with) or be D's domain map — anything else
+  is refused (:mod:`fedalign.protocol`).
+- **Several clients per domain** (M > 1): a domain's test split is mapped by the *domain
+  map*, the OT map of the domain's pooled Gaussian (its participating clients' statistics
+  pooled exactly, :func:`fedalign.align.domain_map`) at the same τ; each client's training
+  file is mapped by its own client map. With M = 1 the domain map is the client map::
+
+      fedalign align --tau T dom.test.h5 ref.npz --stats dom.c0.stats.npz --stats dom.c1.stats.npz \
+          -o dom.test.al.h5
+
+- **Clients that take no part** (``partition --exclude-small-clients``): a test domain none of
+  whose clients took part has no map; it is scored on its unaligned features (a domain the
+  federation never saw) and a note says so. The report records how many clients took part.
+- **O-FedAvg's transport layer** (``ofedavg.tau_schedule=cosine``): the clients train on their
+  *unaligned* train files through their maps (``--map``, one per client, matched by the client
+  recorded in the map), and the test files are mapped at τ_max (``ofedavg.tau_max``, by default
+  the τ the test files were mapped with).
 - For every method and seed, the clients compute their messages, the server builds one global
   head (:func:`fedalign.heads.run_method`), and the head is scored on every test domain.
   Reported: per-domain accuracy, their macro mean, and over the seeds mean ± std (population
@@ -31,11 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.protocol import (Alignment, alignment_of, check_protocol, match_maps,  # noqa: F401
+                               no_participant)
 
 
 def _evaluate_dadil(**kwargs):
-    """``--method dadil``: :func:`fedalign.dadil_eval.evaluate_dadil` (imported when used)."""
-    from fedalign.dadil_eval import evaluate_dadil
+    """Method ``dadil``: :func:`fedalign.dadil.evaluation.evaluate_dadil` (imported when used)."""
+    from fedalign.dadil.evaluation import evaluate_dadil
 
     return evaluate_dadil(**kwargs)
 
@@ -44,18 +64,6 @@ def _evaluate_dadil(**kwargs):
 #: ``fn(inputs=[paths], tests=[TestDomain], class_names=[...], seeds=[...], params={...})``,
 #: returning a :class:`MethodResult`.
 EXTERNAL_METHODS = {"dadil": _evaluate_dadil}
-
-
-@dataclass
-class Alignment:
-    """The last ``align`` step recorded in a file's provenance (None: not aligned)."""
-
-    tau: float
-    reference_sha256: str | None
-
-    def describe(self) -> str:
-        ref = (self.reference_sha256 or "?")[:12]
-        return f"τ={self.tau:g}, reference {ref}"
 
 
 @dataclass
@@ -68,17 +76,22 @@ class ClientData:
     X: np.ndarray
     y: np.ndarray
     alignment: Alignment | None
+    provenance: dict = field(default_factory=dict)
 
 
 @dataclass
 class TestDomain:
-    """A domain's test split. X (n, d) float32, y (n,) int64."""
+    """A domain's test split. X (n, d) float32, y (n,) int64.
+
+    ``no_participant``: the partition (provenance) says none of this domain's clients took part.
+    """
 
     path: Path
     domain: str
     X: np.ndarray
     y: np.ndarray
     alignment: Alignment | None
+    no_participant: bool = False
 
 
 @dataclass
@@ -90,6 +103,7 @@ class MethodResult:
     per_seed: list
     params: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    diagnostics: list = field(default_factory=list)
 
     def macro(self) -> list:
         """Macro mean over domains, one value per seed."""
@@ -103,8 +117,11 @@ class MethodResult:
         return out
 
     def to_json(self) -> dict:
-        return dict(seeds=list(self.seeds), per_seed=self.per_seed, macro_per_seed=self.macro(),
-                    summary=self.summary(), params=self.params, notes=self.notes)
+        out = dict(seeds=list(self.seeds), per_seed=self.per_seed, macro_per_seed=self.macro(),
+                   summary=self.summary(), params=self.params, notes=self.notes)
+        if any(self.diagnostics):
+            out["diagnostics"] = self.diagnostics  # per seed, e.g. O-FedAvg's final training loss
+        return out
 
 
 def mean_std(values) -> dict:
@@ -112,20 +129,15 @@ def mean_std(values) -> dict:
     return {"mean": float(v.mean()), "std": float(v.std())}
 
 
-def alignment_of(provenance: dict) -> Alignment | None:
-    """The last ``align`` step of a file's provenance history, if any."""
-    steps = [h for h in provenance.get("history", []) if h.get("step") == "align"]
-    if not steps:
-        return None
-    return Alignment(float(steps[-1].get("tau")), steps[-1].get("reference_sha256"))
-
-
 def _domain_of(path: Path, provenance: dict) -> str:
     return str(provenance.get("domain") or path.name.split(".")[0])
 
 
-def load_inputs(train_paths, test_paths):
+def load_inputs(train_paths, test_paths, maps=None):
     """Read clients and test domains; check dimension, class sets and the alignment protocol.
+
+    ``maps``: optional {client name: :class:`fedalign.align.AffineMap`} (a transport layer's
+    client maps, :func:`load_client_maps`); the train files must then be unaligned.
 
     Returns
     -------
@@ -157,14 +169,15 @@ def load_inputs(train_paths, test_paths):
             raise FedalignError(f"{p}: client has no labeled training rows (empty client)")
         prov = info["provenance"]
         name = str(prov.get("client") or p.name.split(".train")[0])
-        clients.append(ClientData(p, name, _domain_of(p, prov), X[keep], y[keep], alignment_of(prov)))
+        clients.append(ClientData(p, name, _domain_of(p, prov), X[keep], y[keep], alignment_of(prov), prov))
     for p in map(Path, test_paths):
         X, y, info = read_features(p)
         check(p, X, y, info)
         if not np.any(y >= 0):
             raise FedalignError(f"{p}: test file has no labeled rows")
         prov = info["provenance"]
-        tests.append(TestDomain(p, _domain_of(p, prov), X, y, alignment_of(prov)))
+        dom = _domain_of(p, prov)
+        tests.append(TestDomain(p, dom, X, y, alignment_of(prov), no_participant(dom, prov)))
     seen = [t.domain for t in tests]
     dup = sorted({d for d in seen if seen.count(d) > 1})
     if dup:
@@ -174,76 +187,86 @@ def load_inputs(train_paths, test_paths):
         if obj.y.max() >= C:
             raise FedalignError(f"{obj.path}: label {int(obj.y.max())} out of range for {C} classes")
     class_names = ref[2] or [str(c) for c in range(C)]
+    if maps is not None:
+        match_maps(maps, clients)
+        for name, amap in maps.items():
+            if amap.A.shape[0] != ref[1]:
+                raise FedalignError(f"dimension mismatch: the map of client {name!r} has "
+                                    f"d={amap.A.shape[0]}, the features d={ref[1]}")
     if clients:
-        check_protocol(clients, tests)
+        check_protocol(clients, tests, maps)
     return clients, tests, class_names
 
 
-def check_protocol(clients, tests) -> Alignment | None:
-    """Every test domain has a client of its domain, aligned the same way (τ, reference)."""
-    first = clients[0].alignment
-    for c in clients[1:]:
-        if (c.alignment is None) != (first is None) or (
-            first is not None and (c.alignment.tau, c.alignment.reference_sha256)
-            != (first.tau, first.reference_sha256)
-        ):
-            raise FedalignError(
-                f"clients aligned differently: {clients[0].path} ({_desc(first)}) and "
-                f"{c.path} ({_desc(c.alignment)})"
-            )
-    domains = {c.domain for c in clients}
-    for t in tests:
-        if t.domain not in domains:
-            raise FedalignError(
-                f"test domain {t.domain!r} ({t.path}) has no matching client "
-                f"(client domains: {', '.join(sorted(domains))}), so no client map for it"
-            )
-        a = t.alignment
-        same = (a is None and first is None) or (
-            a is not None and first is not None and np.isclose(a.tau, first.tau)
-            and a.reference_sha256 == first.reference_sha256
-        )
-        if not same:
-            raise FedalignError(
-                f"test domain {t.domain!r} ({t.path}, {_desc(a)}) is not mapped like its clients "
-                f"({_desc(first)}); map it with its client's map: fedalign align --map <client map> "
-                f"--tau <same τ>"
-            )
-    return first
-
-
-def _desc(a: Alignment | None) -> str:
-    return "not aligned" if a is None else "aligned " + a.describe()
-
-
 def evaluate_method(method: str, clients, tests, n_classes: int, seeds, params: dict | None = None,
-                    progress=None) -> MethodResult:
-    """Run one registered head for every seed and score it on every test domain."""
+                    progress=None, maps: dict | None = None) -> MethodResult:
+    """Run one registered head for every seed and score it on every test domain.
+
+    ``maps`` ({client name: AffineMap}) feeds a head's transport layer
+    (``ofedavg.tau_schedule=cosine``); its τ_max defaults to the test files' τ.
+    """
+    import dataclasses
+
     from fedalign.heads import get_method, run_method
 
     m = get_method(method)
+    params = dict(params or {})
     cfg = m.config(params)
-    per_seed, notes = [], []
+    transports = None
+    if getattr(cfg, "tau_schedule", "fixed") == "cosine":
+        transports, params = _transport_setup(m, cfg, params, clients, tests, maps)
+        cfg = m.config(params)
+    elif maps is not None:
+        raise FedalignError(f"--map is for a transport layer (ofedavg.tau_schedule=cosine); {method} "
+                            "trains on aligned train files")
+    per_seed, notes, diagnostics = [], [], []
+    notes += [f"test domain {t.domain!r}: none of its clients took part, so no map: scored unaligned"
+              for t in tests if t.no_participant and t.domain not in {c.domain for c in clients}]
     data = [(c.X, c.y) for c in clients]
     for seed in seeds:
-        head, _ = run_method(m, data, n_classes, seed=int(seed), params=params)
+        head, _ = run_method(m, data, n_classes, seed=int(seed), transports=transports, config=cfg)
         per_seed.append({t.domain: head.accuracy(t.X, t.y) for t in tests})
-        notes.extend(_method_notes(m))
+        notes.extend(head.notes)
+        diagnostics.append(_json_safe(head.info))
         if progress is not None:
             progress(1)
-    import dataclasses
-
     return MethodResult(method, [int(s) for s in seeds], per_seed, dataclasses.asdict(cfg),
-                        sorted(set(notes)))
+                        sorted(set(notes)), diagnostics)
 
 
-def _method_notes(m) -> list:
-    if m.module != "fedpft":
-        return []
-    from fedalign.heads import fedpft
+def _transport_setup(m, cfg, params, clients, tests, maps):
+    """Transports and τ_max for ``tau_schedule=cosine``: unaligned tests need none (τ_max = 0,
+    the schedule is all zeros); aligned tests need the clients' maps and set τ_max."""
+    taus = {t.alignment.tau for t in tests if t.alignment is not None}
+    if not taus:
+        if maps is None and all(c.alignment is None for c in clients):
+            return None, {**params, "tau_max": 0.0}
+    if maps is None:
+        raise FedalignError(f"{m.name}.tau_schedule=cosine trains through each client's map on its "
+                            f"unaligned features: give the unaligned --train files and every client's "
+                            f"--map, or use --param {m.name}.tau_schedule=fixed on aligned train files")
+    if len(taus) != 1:
+        raise FedalignError(f"{m.name}: the test files must be mapped at one τ (τ_max), found "
+                            f"{', '.join(f'{t:g}' for t in sorted(taus)) or 'none aligned'}")
+    tau = taus.pop()
+    if cfg.tau_max >= 0 and not np.isclose(cfg.tau_max, tau):
+        raise FedalignError(f"{m.name}.tau_max={cfg.tau_max:g} but the test files are mapped at τ={tau:g}; "
+                            "the head is evaluated at τ_max")
+    transports = [(maps[c.name].A, maps[c.name].b) for c in clients]
+    return transports, {**params, "tau_max": float(tau)}
 
-    return [f"client {k} class {c}: a single sample, no GMM fitted (count sent)"
-            for k, c, _ in fedpft.LAST_REPORT.get("unfitted", [])]
+
+def _json_safe(obj):
+    """Numbers and lists of a head's ``info`` as plain JSON types."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
 
 
 def evaluate_external(method: str, inputs, tests, class_names, seeds, params) -> MethodResult:
@@ -255,34 +278,33 @@ def evaluate_external(method: str, inputs, tests, class_names, seeds, params) ->
     return fn(inputs=list(inputs), tests=tests, class_names=class_names, seeds=list(seeds), params=params)
 
 
-def parse_params(values) -> dict:
-    """``METHOD.KEY=VALUE`` strings → {method: {key: value}}."""
-    out: dict = {}
-    for v in values or []:
-        key, eq, value = str(v).partition("=")
-        method, dot, opt = key.strip().partition(".")
-        if not eq or not dot or not opt:
-            raise FedalignError(f"--param must look like METHOD.KEY=VALUE, got {v!r}")
-        out.setdefault(method, {})[opt] = value.strip()
+def check_seeds(seeds) -> list:
+    """Seeds as the library takes them: integers (a list, tuple or range) → sorted unique
+    ints. Front ends turn their text into integers first (the CLI's ``--seeds 0-4``:
+    ``fedalign.cli.options.parse_seeds``)."""
+    out = []
+    for s in seeds if seeds is not None else []:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise FedalignError(f"seeds must be integers, got {s!r}")
+        out.append(int(s))
+    if not out:
+        raise FedalignError("seeds: give at least one seed")
+    return sorted(set(out))
+
+
+def check_params(params, methods) -> dict:
+    """Method options as the library takes them: {method: {key: value}} for requested
+    ``methods`` only (a copy). Front ends turn their text into this dict first (the CLI's
+    ``--param METHOD.KEY=VALUE``: ``fedalign.cli.options.parse_params``)."""
+    out = {}
+    for method, opts in dict(params or {}).items():
+        if not isinstance(opts, dict):
+            raise FedalignError(f"params[{method!r}] must be a dict of options, got {opts!r}")
+        out[str(method)] = dict(opts)
+    unknown = set(out) - set(methods)
+    if unknown:
+        raise FedalignError(f"params for a method not requested: {sorted(unknown)[0]}")
     return out
-
-
-def parse_seeds(values) -> list:
-    """``["0,1,2"]``, ``["0-4"]`` or ``["0", "1"]`` → sorted unique ints."""
-    seeds = []
-    for v in values or []:
-        for tok in filter(None, (t.strip() for t in str(v).split(","))):
-            try:
-                if "-" in tok[1:]:
-                    lo, hi = tok.split("-", 1) if tok[0] != "-" else (tok, tok)
-                    seeds.extend(range(int(lo), int(hi) + 1))
-                else:
-                    seeds.append(int(tok))
-            except ValueError:
-                raise FedalignError(f"--seeds: expected integers like 0,1,2 or 0-4, got {tok!r}") from None
-    if not seeds:
-        raise FedalignError("--seeds: give at least one seed")
-    return sorted(set(seeds))
 
 
 def build_report(results, clients, tests, class_names, seeds) -> dict:
@@ -290,8 +312,16 @@ def build_report(results, clients, tests, class_names, seeds) -> dict:
     from fedalign.files import sha256_file
 
     first = clients[0].alignment if clients else None
+    if first is None:  # a transport layer: unaligned clients, tests mapped at τ_max
+        first = next((t.alignment for t in tests if t.alignment is not None), None)
+    prov = clients[0].provenance if clients else {}
+    participation = None
+    if "participating" in prov:
+        participation = dict(taking_part=len(clients), clients_total=int(prov.get("clients_total", len(clients))),
+                             excluded=dict(prov.get("excluded") or {}))
     return dict(
         producer="fedalign evaluate",
+        participation=participation,
         protocol=("one global head per method and seed from the clients' messages; accuracy per "
                   "test domain, macro mean over domains; mean ± std (ddof=0) over seeds; with "
                   "alignment each domain's test file is mapped by its client's map at the same τ"),

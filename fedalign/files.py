@@ -69,6 +69,7 @@ from typing import Iterator
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.errors import FedalignError
 
 # --------------------------------------------------------------------------------------------
@@ -725,7 +726,7 @@ def check_spd(M, what: str = "matrix", rtol: float = SYMMETRY_RTOL) -> np.ndarra
 # Features (.h5)
 # --------------------------------------------------------------------------------------------
 
-DEFAULT_CHUNK_ROWS = 8192
+DEFAULT_CHUNK_ROWS = defaults.CHUNK_ROWS
 
 
 class FeatureFile:

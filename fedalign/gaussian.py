@@ -1,7 +1,10 @@
 """Gaussian optimal transport: Bures–Wasserstein distance, OT maps and barycenters.
 
 All computations are float64 and use symmetric eigendecompositions with eigenvalue clipping
-(:mod:`fedalign.linalg`).
+(:mod:`fedalign.linalg`). :func:`ot_map`, :func:`bures_barycenter` and
+:func:`gaussian_barycenter` take ``backend`` and ``device`` (:func:`fedalign.backend.get_backend`):
+the same algorithm with torch kernels, on a CPU or a GPU, float64 throughout; inputs and
+results are numpy arrays either way.
 
 Formulas
 --------
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedalign._bures_fixed_point import _iterate, _scalar_complement
+from fedalign.backend import array_bytes, get_backend
 from fedalign.errors import FedalignError
 from fedalign.linalg import eigh_clipped, sqrt_and_inv_sqrt, sqrtm_psd, sym
 
@@ -51,8 +56,11 @@ def w2_squared(m1, S1, m2, S2) -> float:
     return float(dm @ dm) + bures_squared(S1, S2)
 
 
-def ot_map(mean_src, cov_src, mean_ref, cov_ref) -> tuple[np.ndarray, np.ndarray]:
+def ot_map(mean_src, cov_src, mean_ref, cov_ref, backend="numpy",
+           device="cpu") -> tuple[np.ndarray, np.ndarray]:
     """Closed-form Gaussian OT map from N(mean_src, cov_src) to N(mean_ref, cov_ref).
+
+    ``backend``, ``device``: where the two eigendecompositions run (float64 either way).
 
     Returns
     -------
@@ -66,10 +74,12 @@ def ot_map(mean_src, cov_src, mean_ref, cov_ref) -> tuple[np.ndarray, np.ndarray
         raise FedalignError(
             f"dimension mismatch: source covariance {cov_src.shape}, reference {cov_ref.shape}"
         )
-    Rb, _ = sqrt_and_inv_sqrt(cov_ref)
-    w, V = eigh_clipped(Rb @ cov_src @ Rb)
-    M = (V / np.sqrt(w)) @ V.T
-    A = sym(Rb @ M @ Rb)
+    xp = get_backend(backend, device)
+    with xp.guard("the OT map", array_bytes(*[cov_ref.shape] * 6)):
+        Rb, _ = sqrt_and_inv_sqrt(cov_ref, backend=xp)
+        w, V = eigh_clipped(Rb @ xp.asarray(cov_src) @ Rb, backend=xp)
+        M = (V / xp.sqrt(w)) @ V.T
+        A = xp.to_numpy(sym(Rb @ M @ Rb))
     b = np.asarray(mean_ref, float) - A @ np.asarray(mean_src, float)
     return A, b
 
@@ -121,6 +131,36 @@ class Barycenter:
                     residual=self.residual, converged=self.converged)
 
 
+@dataclass
+class BuresBarycenter:
+    """The Bures–Wasserstein barycenter covariance with its convergence record.
+
+    Attributes
+    ----------
+    covariance : (d, d)
+    iterations : int (residual evaluations, K eigendecompositions each)
+    rel_change : float   ‖S_next − S‖_F / ‖S‖_F at the last iteration
+    residual : float     ‖Σ_k w_k A_k^{-1} − I‖_F / √d at the returned S (exact)
+    converged : bool
+    history : list of (rel_change, residual)
+    reduced_dim : int or None, the dimension of the common non-scalar subspace solved on
+        (:func:`fedalign._bures_fixed_point._scalar_complement`), None when not reduced
+    """
+
+    covariance: np.ndarray
+    iterations: int
+    rel_change: float
+    residual: float
+    converged: bool
+    history: list = field(default_factory=list)
+    reduced_dim: int | None = None
+
+    def record(self) -> dict:
+        """JSON-serialisable convergence record."""
+        return dict(iterations=self.iterations, rel_change=self.rel_change,
+                    residual=self.residual, converged=self.converged)
+
+
 def _mean_root(S, covs, weights):
     """(S^{1/2}, S^{-1/2}, Σ_k w_k (S^{1/2} Σ_k S^{1/2})^{1/2}) by plain eigendecompositions."""
     R, Rinv = sqrt_and_inv_sqrt(S)
@@ -136,73 +176,18 @@ def fixed_point_residual(S, covs, weights) -> float:
     return float(np.linalg.norm(sym(Rinv @ T @ Rinv) - np.eye(S.shape[0])) / np.sqrt(S.shape[0]))
 
 
-def _full(U):
-    """Symmetric matrix from its upper triangle (BLAS ``syrk`` output)."""
-    return np.triu(U) + np.triu(U, 1).T
-
-
-class _RootSum:
-    """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2} for a lower Cholesky factor S = L Lᵀ.
-
-    Any factor F with F Fᵀ = S gives the same maps, F^{-T}(Fᵀ Σ_k F)^{1/2} F^{-1} =
-    S^{-1/2}(S^{1/2} Σ_k S^{1/2})^{1/2} S^{-1/2}, so the Cholesky factor (cheap, no
-    eigendecomposition of S) replaces S^{1/2}. Each client costs two triangular products
-    (``trmm``), one clipped symmetric eigendecomposition M_k = V diag(λ) Vᵀ and one ``syrk``
-    w_k V diag(√λ) Vᵀ. Clients run in a thread pool, each with single-threaded BLAS
-    (oversubscribed multithreaded LAPACK is slow on small machines).
-    """
-
-    def __init__(self, covs, weights, workers):
-        from concurrent.futures import ThreadPoolExecutor
-
-        import scipy.linalg.blas  # noqa: F401  (loaded first, so that the controller sees it)
-        from threadpoolctl import ThreadpoolController
-
-        self.covs = [np.asfortranarray(C) for C in covs]
-        self.weights = weights
-        self.n_workers = max(1, min(workers, len(covs)))
-        self.pool = ThreadPoolExecutor(self.n_workers)
-        self.blas = ThreadpoolController()
-
-    def _part(self, ks, L):
-        from scipy.linalg.blas import dsyrk, dtrmm
-
-        T = np.zeros(L.shape, order="F")
-        for k in ks:
-            M = dtrmm(1.0, L, dtrmm(1.0, L, self.covs[k], side=1, lower=1), lower=1, trans_a=1)
-            w, V = eigh_clipped(M, symmetrize=False)
-            T = dsyrk(1.0, V * np.sqrt(self.weights[k] * np.sqrt(w)), beta=1.0, c=T,
-                      overwrite_c=1)
-        return T
-
-    def __call__(self, L):
-        L = np.asfortranarray(L)
-        groups = [range(i, len(self.covs), self.n_workers) for i in range(self.n_workers)]
-        with self.blas.limit(limits=1, user_api="blas"):
-            parts = list(self.pool.map(lambda ks: self._part(ks, L), groups))
-        return _full(sum(parts))
-
-    def close(self):
-        self.pool.shutdown()
-
-
-def _congruence_inv(L, T):
-    """L^{-T} T L^{-1} for lower-triangular L (two triangular solves)."""
-    from scipy.linalg import solve_triangular
-
-    Y = solve_triangular(L, T, lower=True, trans="T")
-    return sym(solve_triangular(L, Y.T, lower=True, trans="T").T)
-
 
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
                      init: np.ndarray | None = None, anderson: int = 5,
-                     workers: int | None = None, reduce: bool = True) -> tuple[np.ndarray, dict]:
+                     workers: int | None = None, reduce: bool = True,
+                     progress=None, backend="numpy", device="cpu") -> BuresBarycenter:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
 
     Iteration (with S = L Lᵀ, Cholesky):
         G = L^{-T} (Σ_k w_k (Lᵀ Σ_k L)^{1/2}) L^{-1}   (= Σ_k w_k A_k⁻¹, maps barycenter → clients)
         S ← G S G                                       (= S^{-1/2} T² S^{-1/2})
-    accelerated by Anderson mixing (memory ``anderson``, SPD-safeguarded). Every iteration uses
+    accelerated by Anderson mixing (memory ``anderson``, SPD-safeguarded; the machinery is in
+    :mod:`fedalign._bures_fixed_point`). Every iteration uses
     exact eigendecompositions, so the residual ‖G − I‖_F/√d measured at an iterate is exact;
     the iterate returned is the one whose residual was measured last.
 
@@ -216,13 +201,18 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     anderson : Anderson memory (0 disables)
     workers : threads for the K square roots (default: CPU count)
     reduce : solve on the common subspace outside which all Σ_k are scalar when it is at most
-        half the dimension (exact; see :func:`_scalar_complement`) — clients with n_k ≪ d
+        half the dimension (exact; :func:`fedalign._bures_fixed_point._scalar_complement`) —
+        clients with n_k ≪ d
+    progress : optional callable(iteration, rel_change, residual), called after every
+        iteration (the CLI's progress display)
+    backend, device : ``"numpy"``/``"cpu"`` (default) or ``"torch"`` on ``"cpu"``,
+        ``"cuda[:N]"``, ``"auto"`` (:func:`fedalign.backend.get_backend`): the same iteration
+        with torch kernels (the K roots as one batched float64 eigh); the result is a numpy
+        array and agrees with the numpy path to the order of ``tol``
 
     Returns
     -------
-    S : (d, d) barycenter covariance
-    info : dict with iterations, rel_change (‖S_next − S‖_F/‖S‖_F), residual (exact, at S),
-        converged, history of (rel_change, residual), reduced_dim
+    :class:`BuresBarycenter` (the covariance and its convergence record)
     """
     import os
 
@@ -236,156 +226,33 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
             raise FedalignError(f"dimension mismatch: covariances {covs[0].shape} and {C.shape}")
     weights = normalize_weights(weights, K)
     if K == 1:
-        return covs[0].copy(), dict(iterations=0, rel_change=0.0, residual=0.0, converged=True,
-                                    history=[], reduced_dim=None)
+        return BuresBarycenter(covs[0].copy(), 0, 0.0, 0.0, True)
     # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
     scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
     covs = [C + 1e-12 * scale * np.eye(d) for C in covs]
     workers = workers or os.cpu_count() or 1
-    split = _scalar_complement(covs, workers) if reduce and init is None else None
-    if split is not None:
-        U, c = split
-        cb = float(np.dot(weights, np.sqrt(c))) ** 2
-        if U.shape[1] == 0:
-            return cb * np.eye(d), dict(iterations=0, rel_change=0.0, residual=0.0,
-                                        converged=True, history=[], reduced_dim=0)
-        covs = [sym(U.T @ C @ U) for C in covs]
-    S = sym(sum(w * C for w, C in zip(weights, covs))) if init is None else sym(np.array(init, float))
-    S, info = _iterate(S, covs, weights, tol, max_iter, anderson, workers)
-    info["reduced_dim"] = None if split is None else int(split[0].shape[1])
+    xp = get_backend(backend, device)
+    with xp.guard(f"the barycenter (K={K}, d={d})", array_bytes(*[(K + 8, d, d)] * 2)):
+        if xp.is_torch:
+            covs = [xp.asarray(C) for C in covs]
+        split = _scalar_complement(covs, workers, backend=xp) if reduce and init is None else None
+        if split is not None:
+            U, c = split
+            cb = float(np.dot(weights, np.sqrt(c))) ** 2
+            if U.shape[1] == 0:
+                return BuresBarycenter(cb * np.eye(d), 0, 0.0, 0.0, True, reduced_dim=0)
+            Ux = xp.asarray(U)
+            covs = [sym(Ux.T @ C @ Ux) for C in covs]
+        S = (sym(sum(float(w) * C for w, C in zip(weights, covs))) if init is None
+             else sym(xp.asarray(np.array(init, float))))
+        S, info = _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress, xp)
+        S = xp.to_numpy(S)
     if split is not None:  # S = U B Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ)
         S = sym(U @ (S - cb * np.eye(U.shape[1])) @ U.T)
         S[np.diag_indices_from(S)] += cb
-    return S, info
+    return BuresBarycenter(S, reduced_dim=None if split is None else int(split[0].shape[1]),
+                           **info)
 
-
-def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float = 0.5):
-    """Common invariant subspace outside which every Σ_k is a multiple of the identity.
-
-    Shrunk covariances of clients with few samples (n_k ≪ d) have the form
-    Σ_k = c_k I + U_k D_k U_kᵀ with rank U_k ≤ n_k. With U an orthonormal basis of
-    span(U_1, …, U_K), every Σ_k maps U and U⊥ to themselves and is c_k I on U⊥, so the
-    barycenter splits exactly: B = U B_U Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ), with B_U the
-    barycenter of the r × r matrices Uᵀ Σ_k U. Eigenvalues within ``rtol · λ_max`` of λ_min
-    count as the scalar part.
-
-    Returns
-    -------
-    (U (d, r), c (K,)) when r ≤ max_fraction · d, else None.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    d = covs[0].shape[0]
-    if d < 64:
-        return None
-
-    def scalar_part(w):
-        return w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
-
-    # cheap screen (eigenvalues only) on one client before decomposing all of them
-    if scalar_part(np.linalg.eigvalsh(covs[0])).sum() < d - max_fraction * d:
-        return None
-    with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
-        eigs = list(pool.map(lambda C: np.linalg.eigh(C), covs))
-    bases, c = [], []
-    for w, V in eigs:
-        scalar = scalar_part(w)
-        if scalar.sum() < d - max_fraction * d:
-            return None
-        c.append(float(np.mean(w[scalar])))
-        bases.append(V[:, ~scalar])
-    B = np.concatenate(bases, axis=1)
-    if B.shape[1] > max_fraction * d:
-        return None
-    if B.shape[1] == 0:
-        return np.zeros((d, 0)), np.array(c)
-    Q, sv, _ = np.linalg.svd(B, full_matrices=False)
-    r = int(np.sum(sv > 1e-8 * sv[0]))
-    if r > max_fraction * d:
-        return None
-    return Q[:, :r], np.array(c)
-
-
-def _iterate(S, covs, weights, tol, max_iter, anderson, workers):
-    from scipy.linalg.blas import dsyrk, dtrmm
-    from threadpoolctl import ThreadpoolController
-
-    d = S.shape[0]
-    I = np.eye(d)
-    root_sum = _RootSum(covs, weights, workers)
-    mixer, history = _Anderson(anderson), []
-    rel, res, converged, it = np.inf, np.inf, False, 0
-    L = _safe_cholesky(S)
-    # the root sum runs clients in parallel threads with one BLAS thread each; the remaining
-    # d × d kernels gain from BLAS threads only at large d
-    with ThreadpoolController().limit(limits=1 if d < 1024 else None, user_api="blas"):
-        try:
-            for it in range(1, max_iter + 1):
-                G = _congruence_inv(L, root_sum(L))
-                res = float(np.linalg.norm(G - I) / np.sqrt(d))
-                F = _full(dsyrk(1.0, dtrmm(1.0, L, G, side=1, lower=1)))  # G S G = (GL)(GL)ᵀ
-                rel = float(np.linalg.norm(F - S) / np.linalg.norm(S))
-                history.append((rel, res))
-                converged = res <= tol
-                if converged or it == max_iter:
-                    break
-                S, L = mixer.step(S, F)
-        finally:
-            root_sum.close()
-    return S, dict(iterations=it, rel_change=rel, residual=res, converged=bool(converged),
-                   history=history)
-
-
-def _safe_cholesky(S):
-    """Lower Cholesky factor of S, adding a growing relative ridge if S is numerically singular."""
-    from scipy.linalg import LinAlgError, cholesky
-
-    jitter = 0.0
-    scale = max(np.trace(S) / S.shape[0], np.finfo(float).tiny)
-    for _ in range(12):
-        try:
-            return cholesky(S + jitter * np.eye(S.shape[0]), lower=True)
-        except LinAlgError:
-            jitter = scale * (1e-14 if jitter == 0.0 else jitter / scale * 10)
-    raise FedalignError("barycenter iterate lost positive definiteness (inputs too singular)")
-
-
-class _Anderson:
-    """Anderson (type II) mixing of a fixed-point map S ↦ F, in the Frobenius inner product.
-
-    Keeps the last ``memory`` differences of iterates and of residuals F − S; each step solves
-    the small least-squares problem min_γ ‖g − Σ γ_i ΔG_i‖ through its m × m normal equations
-    and returns S + g − Σ γ_i (ΔX_i + ΔG_i).
-    """
-
-    def __init__(self, memory):
-        from collections import deque
-
-        self.dx, self.dg = deque(maxlen=memory), deque(maxlen=memory)
-        self.last = None
-
-    def step(self, S, F):
-        """Next iterate and its lower Cholesky factor; plain F (memory cleared) if not SPD."""
-        from scipy.linalg import LinAlgError, cholesky
-
-        x, g = S.ravel(), (F - S).ravel()
-        if self.last is not None:  # (a deque of maxlen 0 keeps nothing: plain iteration)
-            self.dx.append(x - self.last[0])
-            self.dg.append(g - self.last[1])
-        self.last = (x, g)
-        if self.dg:
-            gram = np.array([[a @ b for b in self.dg] for a in self.dg])
-            gamma = np.linalg.lstsq(gram, np.array([a @ g for a in self.dg]), rcond=None)[0]
-            v = x + g
-            for c, ddx, ddg in zip(gamma, self.dx, self.dg):
-                v -= c * (ddx + ddg)
-            N = sym(v.reshape(S.shape))
-            try:
-                return N, cholesky(N, lower=True)
-            except LinAlgError:
-                self.dx.clear()
-                self.dg.clear()
-        return F, _safe_cholesky(F)
 
 
 def normalize_weights(weights, K: int) -> np.ndarray:
@@ -399,15 +266,18 @@ def normalize_weights(weights, K: int) -> np.ndarray:
 
 
 def gaussian_barycenter(means, covs, weights=None, tol: float = 1e-10,
-                        max_iter: int = 100) -> Barycenter:
-    """Barycenter N(μ_b, Σ_b) of Gaussians: μ_b = Σ w_k μ_k, Σ_b = :func:`bures_barycenter`."""
+                        max_iter: int = 100, progress=None, backend="numpy",
+                        device="cpu") -> Barycenter:
+    """Barycenter N(μ_b, Σ_b) of Gaussians: μ_b = Σ w_k μ_k, Σ_b = :func:`bures_barycenter`
+    (``progress``, ``backend``, ``device``: see there)."""
     means = [np.asarray(m, dtype=np.float64) for m in means]
     d = means[0].shape[0]
     for m in means:
         if m.shape != (d,):
             raise FedalignError(f"dimension mismatch: means of size {d} and {m.shape[0]}")
     w = normalize_weights(weights, len(means))
-    S, info = bures_barycenter(covs, w, tol=tol, max_iter=max_iter)
+    B = bures_barycenter(covs, w, tol=tol, max_iter=max_iter, progress=progress,
+                         backend=backend, device=device)
     mu = np.sum([wk * m for wk, m in zip(w, means)], axis=0)
-    return Barycenter(mu, S, w, info["iterations"], info["rel_change"], info["residual"],
-                      info["converged"], info["history"])
+    return Barycenter(mu, B.covariance, w, B.iterations, B.rel_change, B.residual, B.converged,
+                      B.history)

@@ -157,7 +157,7 @@ def floor_from_variance(var, rel: float = VAR_FLOOR_REL) -> np.ndarray:
     return float(rel) * np.maximum(var, tiny)
 
 
-def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = None,
+def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = None, *,
             class_weights: str = "balanced", min_var: float | None = None, seed: int = 0,
             max_iter: int = 100, tol: float = 1e-3, class_names=None,
             var_floor_rel: float | None = VAR_FLOOR_REL) -> GMM:
@@ -210,7 +210,7 @@ def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = No
             raise FedalignError(f"labels have shape {y.shape}, expected ({len(X)},)")
     C = n_classes if n_classes is not None else (len(names) or (int(y.max()) + 1 if labeled else None))
     if C is None:
-        raise FedalignError("unlabeled data: give the number of classes (--n-classes)")
+        raise FedalignError("unlabeled data: give the number of classes (n_classes)")
     C = int(C)
     if C < 1:
         raise FedalignError(f"number of classes must be ≥ 1, got {C}")

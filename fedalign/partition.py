@@ -13,10 +13,20 @@ The protocol of the SLOT-Align reference code, generalised to several clients pe
    shift only: each domain's pool is split evenly among its M clients (M = 1: all of it).
 3. **Missing classes** (``drop``): classes removed from chosen clients' train data.
 
-An empty client (fewer than ``min_client_size`` rows, default 1) is an error
-(:class:`~fedalign.errors.FedalignError`) unless ``max_redraws`` allows redrawing the Dirichlet
-fractions (the common NIID-Bench practice, which uses a minimum of 10); the number of redraws
-used is recorded. Everything is deterministic given ``seed``.
+A *small* client (fewer than ``min_client_size`` rows, default 1: an empty one) is handled in
+one of two ways:
+
+- ``exclude_small=False`` (default): an error (:class:`~fedalign.errors.FedalignError`)
+  unless ``max_redraws`` allows redrawing the Dirichlet fractions (the NIID-Bench practice,
+  which uses a minimum of 10); the number of redraws used is recorded.
+- ``exclude_small=True`` (the reproductions, with ``min_client_size=2``, the statistics'
+  minimum, and no redraws — the SLOT-Align reference never redraws): the client *takes no
+  part* in the federation, as in a real one. It gets no train file; ``Partition.excluded``
+  and every written file's provenance (``participating``, ``excluded``: name → rows) record
+  it. A domain left with no participating client keeps its test file; ``evaluate`` scores it
+  unaligned (no client, so no map) and says so. At least one client must take part.
+
+Everything is deterministic given ``seed``.
 
 Output naming (:func:`write_partition`): ``<out>/<domain>.c<k>.train.h5`` for client k of a
 domain and ``<out>/<domain>.test.h5`` for the domain's test split. Every file's provenance
@@ -53,7 +63,8 @@ class Partition:
 
     ``fractions`` is the (K, C) Dirichlet draw actually used (None for ``alpha=None``),
     ``dropped[name]`` the classes removed from a client, ``redraws`` how many Dirichlet draws
-    were rejected because a client came out empty.
+    were rejected because a client came out empty, ``excluded[name] = (domain, idx)`` the
+    clients that take no part (``exclude_small``); ``clients`` holds the participants only.
     """
 
     clients: dict
@@ -62,10 +73,17 @@ class Partition:
     dropped: dict = field(default_factory=dict)
     redraws: int = 0
     params: dict = field(default_factory=dict)
+    excluded: dict = field(default_factory=dict)
 
     @property
     def client_names(self) -> list:
         return list(self.clients)
+
+    def participation(self) -> dict:
+        """``{"participating": [names], "excluded": {name: rows}, "clients_total": K}``."""
+        return dict(participating=list(self.clients),
+                    excluded={n: int(len(idx)) for n, (_, idx) in self.excluded.items()},
+                    clients_total=len(self.clients) + len(self.excluded))
 
 
 def client_name(domain: str, k: int) -> str:
@@ -128,21 +146,8 @@ def stratified_split(y: np.ndarray, test_fraction: float, rng: np.random.Generat
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def parse_alpha(text) -> float | None:
-    """``none`` → None (domain shift only), else a positive float."""
-    if text is None or str(text).strip().lower() in ("none", "inf"):
-        return None
-    try:
-        a = float(text)
-    except ValueError:
-        raise FedalignError(f"--alpha must be a positive number or 'none', got {text!r}") from None
-    if not a > 0 or not np.isfinite(a):
-        raise FedalignError(f"--alpha must be a positive number or 'none', got {text!r}")
-    return a
-
-
 def parse_drop(values, class_names: list, clients: list, rng: np.random.Generator) -> dict:
-    """Classes to remove per client from ``--drop-classes`` values.
+    """Classes to remove per client, from the ``drop`` values of :func:`make_partition`.
 
     Each value is either a FRACTION in (0, 1) — every client drops ``round(f · C)`` classes
     chosen at random — or ``[CLIENT:]LIST``, a comma list of class names or indices removed
@@ -163,7 +168,7 @@ def parse_drop(values, class_names: list, clients: list, rng: np.random.Generato
             continue
         target, _, lst = v.rpartition(":")
         if target and target not in drop:
-            raise FedalignError(f"--drop-classes: unknown client {target!r} (clients: {', '.join(clients)})")
+            raise FedalignError(f"drop: unknown client {target!r} (clients: {', '.join(clients)})")
         classes = set()
         for tok in filter(None, (t.strip() for t in lst.split(","))):
             if tok in class_names:
@@ -171,9 +176,9 @@ def parse_drop(values, class_names: list, clients: list, rng: np.random.Generato
             elif tok.isdigit() and int(tok) < C:
                 classes.add(int(tok))
             else:
-                raise FedalignError(f"--drop-classes: unknown class {tok!r}")
+                raise FedalignError(f"drop: unknown class {tok!r}")
         if not classes:
-            raise FedalignError(f"--drop-classes: nothing to drop in {v!r}")
+            raise FedalignError(f"drop: no class named in {v!r}")
         for c in [target] if target else clients:
             drop[c].update(classes)
     return {c: sorted(s) for c, s in drop.items()}
@@ -181,23 +186,25 @@ def parse_drop(values, class_names: list, clients: list, rng: np.random.Generato
 
 def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fraction: float = 0.3,
                    clients_per_domain: int = 1, drop=None, max_redraws: int = 0,
-                   min_client_size: int = 1) -> Partition:
+                   min_client_size: int = 1, exclude_small: bool = False) -> Partition:
     """Compute the client and test row indices (see the module docstring for the protocol).
 
     Parameters
     ----------
     domains : list of :class:`Domain` (checked compatible)
     alpha : Dirichlet concentration, or None for domain shift only
-    drop : list of ``--drop-classes`` values (see :func:`parse_drop`)
+    drop : list of values, each a FRACTION or ``[CLIENT:]LIST`` (see :func:`parse_drop`)
     max_redraws : redraw the Dirichlet fractions up to this many times while a client is empty
     min_client_size : a client with fewer rows counts as empty (SLOT-Align's statistics need 2)
+    exclude_small : after the redraws, a client still below ``min_client_size`` takes no part
+        (recorded in ``Partition.excluded``) instead of being an error
     """
     if not 0.0 <= test_fraction < 1.0:
-        raise FedalignError(f"--test-fraction must be in [0, 1), got {test_fraction}")
+        raise FedalignError(f"test_fraction must be in [0, 1), got {test_fraction}")
     if min_client_size < 1:
-        raise FedalignError(f"--min-client-size must be at least 1, got {min_client_size}")
+        raise FedalignError(f"min_client_size must be at least 1, got {min_client_size}")
     if clients_per_domain < 1:
-        raise FedalignError(f"--clients-per-domain must be at least 1, got {clients_per_domain}")
+        raise FedalignError(f"clients_per_domain must be at least 1, got {clients_per_domain}")
     C = check_compatible(domains)
     class_names = domains[0].class_names or [str(c) for c in range(C)]
     M = clients_per_domain
@@ -224,18 +231,21 @@ def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fract
         empty = [n for n in names if len(clients[n][1]) < min_client_size]
         if not empty:
             break
+        if (redraws >= max_redraws or alpha is None) and exclude_small and len(empty) < len(names):
+            break
         if redraws >= max_redraws or alpha is None:
             size = "is empty" if min_client_size == 1 else f"has fewer than {min_client_size} rows"
             raise FedalignError(
                 f"client {empty[0]} {size} (alpha={alpha}, seed={seed}"
                 + (f", after {redraws} redraws" if redraws else "")
-                + "); use a larger --alpha, another --seed or --max-redraws N"
+                + "); use a larger alpha, another seed or a larger max_redraws"
             )
         redraws += 1
+    excluded = {n: clients.pop(n) for n in empty}
     params = dict(alpha=alpha, seed=seed, test_fraction=test_fraction, clients_per_domain=M,
                   drop_classes=list(drop or []), max_redraws=max_redraws,
-                  min_client_size=min_client_size)
-    return Partition(clients, tests, P, dropped, redraws, params)
+                  min_client_size=min_client_size, exclude_small=bool(exclude_small))
+    return Partition(clients, tests, P, dropped, redraws, params, excluded)
 
 
 def _assign(domains, pools, P, M, C) -> dict:
@@ -280,7 +290,11 @@ def write_partition(domains, part: Partition, out_dir) -> list[Path]:
     out_dir = Path(out_dir)
     by = {d.name: d for d in domains}
     common = dict(producer="fedalign partition", domains=[d.name for d in domains],
-                  clients=list(part.clients), redraws=part.redraws, **part.params)
+                  clients=[client_name(d.name, m) for d in domains
+                           for m in range(int(part.params.get("clients_per_domain", 1)))],
+                  client_domains={n: dom for n, (dom, _) in {**part.clients, **part.excluded}.items()},
+                  redraws=part.redraws,
+                  **part.participation(), **part.params)
     jobs = []
     for name, (dom, idx) in part.clients.items():
         prov = dict(common, domain=dom, client=name, split="train", dropped_classes=part.dropped[name],

@@ -82,7 +82,7 @@ def project_2d(X_before, X_after=None, method: str = "pca", seed: int = 0):
         both = X_before if X_after is None else np.vstack([X_before, X_after])
         Z = TSNE(2, random_state=seed, init="pca", perplexity=min(30, max(5, len(both) // 10))).fit_transform(both)
         return Z[: len(X_before)], None if X_after is None else Z[len(X_before):]
-    raise FedalignError(f"--method must be pca or tsne, got {method!r}")
+    raise FedalignError(f"method must be pca or tsne, got {method!r}")
 
 
 def plot_embedding(before, after=None, out="embedding.png", method: str = "pca",
@@ -104,22 +104,52 @@ def plot_embedding(before, after=None, out="embedding.png", method: str = "pca",
         if Xa.shape != Xb.shape or not np.array_equal(ya, y):
             raise FedalignError("aligned files must hold the same rows as the originals")
     Zb, Za = project_2d(Xb, Xa, method, seed)
+    from fedalign.files import open_features
+
+    with open_features(before[0]) as ff:
+        class_names = ff.class_names
+    classes = np.unique(y)
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
     panels = [("before alignment", Zb)] + ([("after alignment", Za)] if Za is not None else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 2, 5), squeeze=False)
     cmap = plt.get_cmap("tab10")
+    if method == "pca":  # share of the before features' variance on each axis
+        total = float(np.trace(np.atleast_2d(np.cov(Xb, rowvar=False))))
+        share = [float(np.var(Zb[:, i], ddof=1)) / total if total > 0 else 0.0 for i in (0, 1)]
+        axis_names = [f"PC {i + 1} ({100 * share[i]:.0f} % of the variance)"
+                      for i in (0, 1)]
+    else:
+        axis_names = ["t-SNE 1", "t-SNE 2"]
     for ax, (name, Z) in zip(axes[0], panels):
         for k, client in enumerate(names):
-            for j, cls in enumerate(np.unique(y)):
+            for j, cls in enumerate(classes):
                 sel = (c == k) & (y == cls)
                 ax.scatter(Z[sel, 0], Z[sel, 1], s=10, alpha=0.6, color=cmap(k % 10),
-                           marker=_MARKERS[j % len(_MARKERS)],
-                           label=client if j == 0 else None)
+                           marker=_MARKERS[j % len(_MARKERS)])
         ax.set_title(name)
+        ax.set_xlabel(axis_names[0])
+        ax.set_ylabel(axis_names[1])
         ax.set_xticks([])
         ax.set_yticks([])
-    axes[0][0].legend(title="client (colour); class = marker", fontsize=8, loc="best")
-    fig.suptitle(title or f"{method.upper()} of client features")
+
+    def label(cls):
+        if cls < 0:
+            return "unlabeled"
+        return class_names[cls] if 0 <= cls < len(class_names) else f"class {cls}"
+
+    clients = [Line2D([], [], ls="", marker="o", color=cmap(k % 10), label=n)
+               for k, n in enumerate(names)]
+    markers = [Line2D([], [], ls="", marker=_MARKERS[j % len(_MARKERS)], color="0.3",
+                      label=label(int(cls))) for j, cls in enumerate(classes)]
+    last = axes[0][-1]
+    key = last.legend(handles=clients, title="client (colour)", fontsize=8,
+                      loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    last.add_artist(key)
+    last.legend(handles=markers, title="class (marker)", fontsize=8, ncol=1 + len(markers) // 16,
+                loc="lower left", bbox_to_anchor=(1.02, 0.0), borderaxespad=0)
+    fig.suptitle(title or f"{method.upper() if method == 'pca' else 't-SNE'} of client features")
     return _save(fig, out)
 
 
@@ -238,7 +268,7 @@ def reconstruction_figure(X_target, y_target, X_samples, y_samples, missing_clas
         class index), ``missing``, ``n`` (points drawn), ``color`` (hex), ``marker``, ``label``
     """
     if method not in ("tsne", "pca"):
-        raise FedalignError(f"--method must be pca or tsne, got {method!r}")
+        raise FedalignError(f"method must be pca or tsne, got {method!r}")
     Xr, yr = _check_xy(X_target, y_target, "target features")
     Xs, ys = _check_xy(X_samples, y_samples, "barycenter samples")
     if Xr.shape[1] != Xs.shape[1]:
@@ -256,7 +286,7 @@ def reconstruction_figure(X_target, y_target, X_samples, y_samples, missing_clas
     Xr, yr = _subsample(Xr, yr, max_points, rng)
     Xs, ys = _subsample(Xs, ys, max_points, rng)
     if method == "tsne" and len(Xr) + len(Xs) < 10:
-        raise FedalignError("t-SNE needs at least 10 points: use --method pca")
+        raise FedalignError("t-SNE needs at least 10 points: use method pca")
     Zr, Zs = project_2d(Xr, Xs, method, seed)
     names = [str(c) for c in class_names or ()]
 

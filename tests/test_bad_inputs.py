@@ -439,7 +439,7 @@ def test_class3_second_output_failing_late_removes_the_first(here, monkeypatch):
 def test_class3_dadil_init_writes_state_and_atoms_or_neither(here, monkeypatch):
     refused(here, "dadil-round", "--init", "--client", "n0", "--gmm", "a.gmm.npz", "--state",
             "nope/n.state.npz", "-o", "n.atoms.npz", match="does not exist")
-    import fedalign.gossip as gossip
+    import fedalign.dadil.gossip as gossip
 
     real = gossip.save_state
 

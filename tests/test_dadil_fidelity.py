@@ -83,7 +83,7 @@ def test_pooled_source_only_fails_on_rotated_blobs():
 def test_rotated_blobs_federation_through_the_cli_at_defaults(tmp_path, scale, shift):
     acc, fed = cli_blobs_federation(tmp_path, scale, shift)
     assert acc >= 0.85
-    from fedalign.gossip import load_state
+    from fedalign.dadil.state import load_state
 
     st = load_state(fed / "t.state.npz")
     assert st.round == 20 and len(st.history) == 20                   # trajectory in the state
@@ -93,8 +93,8 @@ def test_rotated_blobs_federation_through_the_cli_at_defaults(tmp_path, scale, s
 
 def test_distinct_starts_and_consensus_falls(tmp_path):
     """From per-client starts M(0) > 0, and gossip brings the dictionaries together."""
-    from fedalign.consensus import consensus_history
-    from fedalign.gossip import simulate
+    from fedalign.dadil.consensus import consensus_history
+    from fedalign.dadil.simulation import simulate
 
     gp = {}
     for i, (c, ang) in enumerate(ANGLES.items()):
@@ -117,7 +117,7 @@ def test_distinct_starts_and_consensus_falls(tmp_path):
 
 def test_alpha_moves_and_differs_between_domains(tmp_path):
     """Sources rotated differently end with different α (not stuck at uniform)."""
-    from fedalign.gossip import simulate
+    from fedalign.dadil.simulation import simulate
 
     gp = {}
     for i, (c, ang) in enumerate(ANGLES.items()):
@@ -134,13 +134,13 @@ def test_alpha_moves_and_differs_between_domains(tmp_path):
 def test_unlabeled_target_keeps_its_atoms_in_the_fedalign_preset(tmp_path):
     """Its label-free loss moves α only; the reference preset moves the atoms too."""
     from fedalign.gmm import load_gmm
-    from fedalign.gossip import gossip_round, init_client
+    from fedalign.dadil.gossip import gossip_round, init_client
 
     X, _ = blobs(0, 240, 3)
     save_gmm(tmp_path / "t.gmm.npz", fit_gmm(X, None, 2, n_classes=3))
     g = load_gmm(tmp_path / "t.gmm.npz")
     for preset, moves in (("fedalign", False), ("reference", True)):
-        st = init_client("t", g, 3, 0, n_components=6, preset=preset)
+        st = init_client("t", g, n_atoms=3, seed=0, n_components=6, preset=preset)
         m0 = st.means.copy()
         gossip_round(st, g, [], "none", 3)
         assert np.allclose(st.means, m0) != moves

@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 from conftest import make_features
 from fedalign.cli import app
 from fedalign.cli.fl_cmds import expand_greedy
+from fedalign.cli.options import parse_params, parse_seeds
 from fedalign.errors import FedalignError
-from fedalign.evaluate import MethodResult, evaluate_external, mean_std, parse_params, parse_seeds
+from fedalign.evaluate import (MethodResult, check_params, check_seeds, evaluate_external,
+                               mean_std)
 from fedalign.files import read_report
 
 runner = CliRunner()
@@ -70,8 +72,19 @@ def test_evaluate_report_and_table(fed, tmp_path):
         macro = [np.mean(list(a.values())) for a in res["per_seed"]]
         assert res["summary"]["macro"]["mean"] == pytest.approx(np.mean(macro))
         assert res["summary"]["macro"]["std"] == pytest.approx(np.std(macro))
-        assert all(0 <= a <= 1 for s in res["per_seed"] for a in s.values())
+        # 3 classes (chance 1/3): every method, seed and domain well above it
+        assert min(a for s in res["per_seed"] for a in s.values()) > 0.6, res["per_seed"]
     assert rep["methods"]["fedcgs"]["summary"]["macro"]["mean"] > 0.9
+    # oracle: the report's FedCGS scores are the library head's scores on each test file
+    from fedalign.files import read_features
+    from fedalign.heads import run_method
+
+    tr = [read_features(p)[:2] for p in files(fed / "clients", "train")]
+    head, _ = run_method("fedcgs", tr, 3)
+    for d in DOMS:
+        X, y, _ = read_features(fed / "clients" / f"{d}.test.h5")
+        want = float(np.mean(np.argmax(X.astype(np.float64) @ head.W.T + head.b, 1) == y))
+        assert [s[d] for s in rep["methods"]["fedcgs"]["per_seed"]] == pytest.approx([want, want])
     assert rep["methods"]["ofedavg"]["params"]["epochs"] == 2
     # same inputs and seeds → identical report bytes
     out2 = tmp_path / "r2.json"
@@ -122,6 +135,11 @@ def test_bad_inputs(fed, tmp_path):
                    out, "empty client")
     _clean_failure(["evaluate", "-m", "nosuch", "--train", *files(cl, "train"), "--test",
                     str(cl / "alpha.test.h5")], out, "unknown method")
+    # the library's "params for a method not requested", in the CLI's words
+    _clean_failure(base + ["--param", "fedpft.epochs=1", "--train", *files(cl, "train"), "--test",
+                           str(cl / "alpha.test.h5")], out, "--param for a method not requested: fedpft")
+    _clean_failure(base + ["--seeds", "x", "--train", *files(cl, "train"), "--test",
+                           str(cl / "alpha.test.h5")], out, "--seeds: expected integers")
 
 
 def test_subprocess_run(fed, tmp_path):
@@ -161,4 +179,23 @@ def test_option_parsing():
     with pytest.raises(FedalignError):
         parse_seeds(["a"])
     assert mean_std([0.5, 0.7]) == pytest.approx({"mean": 0.6, "std": 0.1})
-    assert json.dumps(mean_std([1.0]))
+
+
+def test_library_takes_typed_seeds_and_params():
+    """The library's entry point: seeds are ints, params a dict (the text is the CLI's)."""
+    import fedalign.evaluate as ev
+
+    assert not hasattr(ev, "parse_seeds") and not hasattr(ev, "parse_params")
+    assert check_seeds([3, 1, 1, np.int64(2)]) == [1, 2, 3] and check_seeds(range(2)) == [0, 1]
+    for bad in ([], None, ["0"], [1.5], [True]):
+        with pytest.raises(FedalignError, match="seeds"):
+            check_seeds(bad)
+    params = {"fedpft": {"epochs": "5"}}
+    assert check_params(params, ["fedpft", "fedcgs"]) == params and check_params(None, []) == {}
+    with pytest.raises(FedalignError, match="params for a method not requested: fedpft"):
+        check_params(params, ["fedcgs"])
+    with pytest.raises(FedalignError, match="dict of options"):
+        check_params({"fedpft": "epochs=5"}, ["fedpft"])
+    assert json.loads(json.dumps(mean_std([1.0]))) == {"mean": 1.0, "std": 0.0}
+    assert mean_std(np.array([0.5, 0.75, 1.0])) == pytest.approx({"mean": 0.75, "std": np.sqrt(1 / 24)})
+    assert all(type(v) is float for v in mean_std(np.float32([0.5, 1.0])).values())  # JSON-safe

@@ -79,7 +79,7 @@ def test_unlabeled_folder_and_errors(tree, tmp_path):
     assert len(lst) == 9 and lst.class_names == [] and set(lst.labels) == {-1}
     flat = tmp_path / "flat"
     _image(flat / "a.png", 1)
-    with pytest.raises(FedalignError, match="--unlabeled"):
+    with pytest.raises(FedalignError, match="unlabeled=True"):
         list_images(flat)
     assert list_images(flat, unlabeled=True).ids == ["a.png"]
     with pytest.raises(FedalignError, match="no such input"):
@@ -172,7 +172,7 @@ def test_interrupted_run_resumes_to_identical_file(tree, tmp_path):
     assert not out.exists() and partial_path(out).exists()
     msgs = []
     res = extract_features(lst, out, batch_size=2, log=msgs.append, **FAST)
-    assert res.resumed_from == 4 and "resuming" in msgs[0]
+    assert res.resumed_from == 4 and any("resuming" in m for m in msgs)
     assert out.read_bytes() == full.read_bytes()
     assert not partial_path(out).exists()
 
@@ -188,7 +188,7 @@ def test_changed_settings_start_over(tree, tmp_path):
         extract_features(lst, out, batch_size=2, progress=stop, **FAST)
     msgs = []
     res = extract_features(lst, out, batch_size=3, log=msgs.append, **FAST)
-    assert res.resumed_from == 0 and "over" in msgs[0]
+    assert res.resumed_from == 0 and any("over" in m for m in msgs)
     with h5py.File(out) as h5:
         assert json.loads(h5.attrs["provenance"])["batch_size"] == 3
 

@@ -185,7 +185,7 @@ def test_dadil_round_killed_between_state_and_atoms_is_repaired(here):
 
 def test_two_dadil_rounds_on_one_state(here):
     """The second process fails cleanly on the lock; the state stays valid."""
-    from fedalign.gossip import load_state
+    from fedalign.dadil.state import load_state
 
     args = ["dadil-round", "--state", "c0.state.npz", "--local-steps", "1", "-o", "{}",
             "fed/c1.atoms.npz"]

@@ -72,18 +72,19 @@ def test_barycenter_commuting_closed_form():
     rng = np.random.default_rng(4)
     diags = [rng.uniform(0.1, 5, size=6) for _ in range(4)]
     w = rng.dirichlet(np.ones(4))
-    S, info = bures_barycenter([np.diag(v) for v in diags], w)
+    B = bures_barycenter([np.diag(v) for v in diags], w)
     expected = np.diag(sum(wk * np.sqrt(v) for wk, v in zip(w, diags)) ** 2)
-    assert _rel(S, expected) < 1e-10
-    assert info["converged"]
+    assert _rel(B.covariance, expected) < 1e-10
+    assert B.converged and B.record()["converged"]
 
 
 def test_barycenter_fixed_point_and_pot():
     rng = np.random.default_rng(5)
     covs = [_spd(8, rng) for _ in range(5)]
     w = rng.dirichlet(np.ones(5))
-    S, info = bures_barycenter(covs, w, tol=1e-12)
-    assert info["residual"] < 1e-10
+    B = bures_barycenter(covs, w, tol=1e-12)
+    S = B.covariance
+    assert B.residual < 1e-10
     # maps barycenter -> clients average to the identity
     Minv = sum(wk * np.linalg.inv(ot_map(np.zeros(8), C, np.zeros(8), S)[0]) for wk, C in zip(w, covs))
     np.testing.assert_allclose(Minv, np.eye(8), atol=1e-8)
@@ -103,7 +104,7 @@ def test_barycenter_single_client_is_itself():
 def test_barycenter_of_identical_inputs():
     rng = np.random.default_rng(7)
     C = _spd(5, rng)
-    S, _ = bures_barycenter([C, C, C])
+    S = bures_barycenter([C, C, C]).covariance
     assert _rel(S, C) < 1e-10
 
 
@@ -115,7 +116,7 @@ def test_near_singular_inputs_give_finite_spd():
         Z = rng.normal(size=(5, d))  # n < d: rank-deficient
         covs.append(np.cov(Z.T, bias=True))
     covs.append(np.zeros((d, d)))  # constant features
-    S, info = bures_barycenter(covs)
+    S = bures_barycenter(covs).covariance
     assert np.all(np.isfinite(S)) and is_spd(S)
     A, b = ot_map(np.zeros(d), covs[0], np.zeros(d), S)
     assert np.all(np.isfinite(A)) and is_spd(A)
@@ -145,10 +146,12 @@ def test_low_rank_plus_scalar_reduction_is_exact():
         s = 0.3 + 0.1 * k
         covs.append((1 - s) * C + s * np.trace(C) / d * np.eye(d))
     w = np.array([0.2, 0.3, 0.5])
-    S_red, info = bures_barycenter(covs, w, tol=1e-12)
-    S_full, _ = bures_barycenter(covs, w, tol=1e-12, reduce=False)
-    assert info["reduced_dim"] is not None and info["reduced_dim"] <= 18
-    assert _rel(S_red, S_full) < 1e-9
+    red = bures_barycenter(covs, w, tol=1e-12)
+    full = bures_barycenter(covs, w, tol=1e-12, reduce=False)
+    assert red.reduced_dim is not None and red.reduced_dim <= 18 and full.reduced_dim is None
+    assert _rel(red.covariance, full.covariance) < 1e-9
     # scalar-only inputs: closed form
-    S, info = bures_barycenter([2.0 * np.eye(d), 8.0 * np.eye(d)])
-    np.testing.assert_allclose(S, ((np.sqrt(2) + np.sqrt(8)) / 2) ** 2 * np.eye(d), rtol=1e-10)
+    B = bures_barycenter([2.0 * np.eye(d), 8.0 * np.eye(d)])
+    np.testing.assert_allclose(B.covariance, ((np.sqrt(2) + np.sqrt(8)) / 2) ** 2 * np.eye(d),
+                               rtol=1e-10)
+    assert B.reduced_dim == 0 and B.iterations == 0

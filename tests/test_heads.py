@@ -77,12 +77,23 @@ def test_absent_class_is_never_predicted():
 
 
 def test_ofedavg_one_client_equals_local_training(clients):
-    params = {"epochs": 3}
+    # reference variant: the SLOT-Align code's settings, softmax before the cross-entropy
+    params = {"epochs": 3, "variant": "reference"}
     cfg = get_method("ofedavg").config(params)
     head, msgs = run_method("ofedavg", clients[:1], C, seed=4, params=params)
     init = ofedavg.server_init(D, C, cfg, 4)
     W, b = train_softmax(*clients[0], C, epochs=3, lr=1e-3, batch_size=64, seed=client_seed(4, 0),
-                         init=(init["W"], init["b"]))
+                         init=(init["W"], init["b"]), softmax_before_ce=True)
+    assert np.array_equal(head.W, W) and np.array_equal(head.b, b)
+    # fedalign variant: lr 0.01, at least min_steps steps, logit-adjusted by the client's prior
+    cfg = get_method("ofedavg").config({})
+    head, _ = run_method("ofedavg", clients[:1], C, seed=4)
+    X, y = clients[0]
+    prior = np.bincount(y, minlength=C) / len(y)
+    with np.errstate(divide="ignore"):
+        W, b = train_softmax(X, y, C, epochs=max(100, 300), lr=0.01, batch_size=64, seed=client_seed(4, 0),
+                             init=(init["W"], init["b"]), logit_offset=np.log(prior))
+    assert cfg.min_steps == 300 and cfg.epochs == 100 and len(y) <= 64  # one batch per epoch
     assert np.array_equal(head.W, W) and np.array_equal(head.b, b)
 
 
@@ -156,6 +167,10 @@ def test_fedpft_message_float16_and_few_samples():
     Xs, ys, report = fedpft.synthesize([msg], C, seed=0)
     assert np.bincount(ys, minlength=C).tolist() == [24, 5, 0, 0]
     assert report["unfitted"] == [(0, 2, 1)]
+    # the notes travel with the head (no module-global report)
+    head = fedpft.server_aggregate([msg], C, get_method("fedpft").config({"epochs": 1}), seed=0)
+    assert head.notes == ["client 0 class 2: a single sample, no GMM fitted (count sent)"]
+    assert head.info["unfitted"] == [(0, 2, 1)] and not hasattr(fedpft, "LAST_REPORT")
     for cov in ("spherical", "full"):
         cfg2 = get_method("fedpft").config({"components": 2, "covariance": cov})
         m2 = fedpft.client_update(X, y, C, cfg2, seed=0)
@@ -177,3 +192,19 @@ def test_bad_options():
 def test_linear_head_accuracy_ignores_unlabeled():
     h = LinearHead(np.eye(2), np.zeros(2))
     assert h.accuracy(np.array([[1.0, 0], [0, 1], [0, 1]]), np.array([0, 0, -1])) == 0.5
+
+
+def test_one_accuracy_for_heads_and_dadil():
+    """LinearHead.accuracy and dadil's accuracy are fedalign.metrics.accuracy: same value,
+    same error on no labelled row."""
+    from fedalign import metrics
+    from fedalign.dadil import accuracy as dadil_accuracy
+
+    assert dadil_accuracy is metrics.accuracy
+    h = LinearHead(np.eye(2), np.zeros(2))
+    X, y = np.array([[1.0, 0], [0, 1], [0, 1]]), np.array([0, 1, -1])
+    assert h.accuracy(X, y) == metrics.accuracy(h.predict, X, y) == 1.0
+    for score in (lambda: h.accuracy(X, [-1, -1, -1]),
+                  lambda: dadil_accuracy(h.predict, X, [-1, -1, -1])):
+        with pytest.raises(FedalignError, match="no labeled rows to score"):
+            score()

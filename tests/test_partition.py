@@ -127,8 +127,33 @@ def test_bad_inputs(domains, tmp_path):
     make_features(small, n=12, d=6, n_classes=4, seed=5)
     args = ["partition", *map(str, domains), str(small), "-o", str(out), "--alpha", "0.01", "--seed", "0"]
     _assert_clean_failure(runner.invoke(app, args), out, "is empty")
+    _assert_clean_failure(runner.invoke(app, args), out,
+                          "use a larger --alpha, another --seed or a larger --max-redraws")
+    _assert_clean_failure(runner.invoke(app, ["partition", *map(str, domains), "-o", str(out),
+                                              "--drop-classes", "zebra"]),
+                          out, "--drop-classes: unknown class 'zebra'")
+    _assert_clean_failure(runner.invoke(app, ["partition", *map(str, domains), "-o", str(out),
+                                              "--drop-classes", "nobody:0"]),
+                          out, "--drop-classes: unknown client 'nobody'")
     _assert_clean_failure(runner.invoke(app, ["partition", str(domains[0]), "-o", str(out), "--alpha", "-1"]),
                           out, "--alpha")
+
+
+def test_library_messages_name_parameters(domains):
+    """The library words its errors in its parameters; the CLI (above) names its flags."""
+    doms = load_domains(domains)
+    with pytest.raises(FedalignError, match=r"^drop: unknown class 'zebra'"):
+        make_partition(doms, alpha=None, drop=["zebra"])
+    with pytest.raises(FedalignError, match="^drop: no class named in"):
+        make_partition(doms, alpha=None, drop=[","])
+    with pytest.raises(FedalignError, match=r"^test_fraction must be in \[0, 1\)"):
+        make_partition(doms, test_fraction=1.0)
+    with pytest.raises(FedalignError, match="^min_client_size must be at least 1"):
+        make_partition(doms, min_client_size=0)
+    with pytest.raises(FedalignError, match="^clients_per_domain must be at least 1"):
+        make_partition(doms, clients_per_domain=0)
+    with pytest.raises(FedalignError, match="another seed or a larger max_redraws"):
+        make_partition(doms, alpha=0.05, seed=0, min_client_size=40)
 
 
 def test_min_client_size_and_redraws(domains):

@@ -16,7 +16,17 @@ def test_embedding_before_after(feature_file, tmp_path):
     a, _, _ = feature_file("a.h5", n=60, d=6, seed=0)
     b, _, _ = feature_file("b.h5", n=50, d=6, seed=1, shift=3)
     out = plot_embedding([a, b], [a, b], tmp_path / "e.png", max_points=40)
-    assert out.read_bytes()[:8] == PNG and out.stat().st_size > 5000
+    assert out.read_bytes()[:8] == PNG
+    # two panels (before | after), each with coloured points, not a blank or one-panel image
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(out)[..., :3]
+    sat = img.max(-1) - img.min(-1)
+    assert img.shape[1] > 1.4 * img.shape[0]
+    w = sat.shape[1]
+    assert (sat[:, : w // 2] > 0.3).sum() > 500 and (sat[:, w // 2:] > 0.3).sum() > 500
+    one = plot_embedding([a, b], None, tmp_path / "e1.png", max_points=40)
+    assert mpimg.imread(one).shape[1] < 0.8 * img.shape[1]     # one panel without --after
 
 
 def test_embedding_rejects_mismatch(feature_file, tmp_path):
@@ -139,10 +149,10 @@ def test_reconstruction_png_tsne_subsample_and_errors(tmp_path):
 @pytest.fixture
 def recon_files(tmp_path):
     """A dictionary (atoms + a target state holding it), a report α and labelled features."""
-    from test_envelope import ALPHA, sample_gmm, target, two_atoms
+    from test_dadil_envelope import ALPHA, sample_gmm, target, two_atoms
 
     from fedalign.files import sha256_file, write_features
-    from fedalign.gossip import PublishedAtoms, init_client, save_atoms, save_state
+    from fedalign.dadil.state import PublishedAtoms, init_client, save_atoms, save_state
 
     a = two_atoms()
     save_atoms(tmp_path / "a.atoms.npz", PublishedAtoms(a.means, a.variances, a.label_logits,
@@ -212,7 +222,7 @@ def _history(mean, rounds=None):
 def test_consensus_plot_integer_ticks_labels_and_log_scale(tmp_path):
     import matplotlib.pyplot as plt
 
-    from fedalign.consensus import consensus_figure, plot_consensus
+    from fedalign.dadil.consensus import consensus_figure, plot_consensus
 
     for h, scale in ((_history([3.0, 2.0, 1.5]), "linear"),
                      (_history([300.0, 5.0, 0.5, 0.01]), "log"),

@@ -37,10 +37,13 @@ def test_quickstart_reduced(tmp_path):
     for rep in (base, aligned):
         assert set(rep["domains"]) == {"ink", "neon", "blocky"}
         macro = rep["methods"]["fedcgs"]["summary"]["macro"]["mean"]
-        assert macro > 0.15, macro  # chance is 0.10
+        # chance is 0.10; measured at this size: 0.306 baseline, 0.326 aligned
+        assert macro > 0.25, macro
     dadil = json.loads((out / "dadil.json").read_text())
     assert {"source-only", "replacement", "aggregation"} <= set(dadil["accuracy"])
-    assert max(v["mean"] for v in dadil["summary"].values()) > 0.10
+    # 12 ink test rows, chance 0.10; measured: aggregation (linear) 0.50 (6/12), source-only 0.42.
+    # DeFed itself (not the source-only baseline) must be well above chance: ≥ 4 of 12 rows.
+    assert max(dadil["accuracy"]["aggregation"][c][0] for c in dadil["accuracy"]["aggregation"]) > 0.3
     for png in ("embedding.png", "accuracy.png", "consensus.png"):
         data = (out / png).read_bytes()
         assert data[:8] == PNG and len(data) > 5000, png

@@ -3,25 +3,25 @@
 For every dataset, target domain T and seed s (and fraction m of target classes removed):
 
 0. ``--subsample N`` keeps a stratified N rows per domain (fixed across seeds). No feature
-   is standardised: the fedalign preset is scale-free (see ``fedalign.dictionary``).
+   is standardised: the fedalign preset is scale-free (see ``fedalign.dadil.dictionary``).
 1. T is split into a stratified 80 % adaptation part and a 20 % test part (seed s); the test
    part is never used for adaptation. round(m·C) classes (seeded) are removed from the
    adaptation part only.
 2. GMMs (``fedalign.gmm.fit_gmm``, its defaults): every source labeled on all its rows
    (k components per class); the target unlabeled on its adaptation part (C·k components);
    the oracle: the target's adaptation part WITH its labels.
-3. Rows, all scored on T's test part by ``fedalign.dadil_eval.evaluate_target`` (the one
+3. Rows, all scored on T's test part by ``fedalign.dadil.evaluation.evaluate_target`` (the one
    evaluation path of ``fedalign evaluate -m dadil`` and ``fedalign dadil-evaluate``), each
    GMM-based row with the linear head (500 samples per class of the barycenter) and MAP:
    source-only (C by leave-one-source-domain-out CV), oracle labeled-target GMM, centralized
    GMM-DaDiL (``learn_dictionary``, R·E steps), DeFed replacement and DeFed aggregation
-   (``fedalign.gossip.simulate``: the files of ``fedalign dadil-round``, byte for byte),
+   (``fedalign.dadil.simulation.simulate``: the files of ``fedalign dadil-round``, byte for byte),
    every domain one client, R rounds × E local steps, each client from its own random start.
 4. Consensus (``--consensus-target``, seed of the first main job): every round kept and
-   M(t) computed every ``--consensus-every`` rounds (``fedalign.consensus``).
+   M(t) computed every ``--consensus-every`` rounds (``fedalign.dadil.consensus``).
 5. Envelope (``--envelope``): a federation of the sources only (aggregation); the first
    source's atoms fixed; α_T fitted alone on the full and on the reduced (m = max missing)
-   target GMM (``fedalign.envelope``).
+   target GMM (``fedalign.dadil.envelope``).
 
 Jobs run in ``--workers`` processes (one BLAS thread each); results go to
 OUT/results/<job>.json (existing ones are skipped: resumable). ``make_results.py`` turns them
@@ -92,10 +92,8 @@ def init_options(a, seed):
 
 def run_job(a, job):
     """One (target, seed, m) job → its result dict."""
-    from fedalign.consensus import consensus_history
-    from fedalign.dadil_eval import evaluate_target
-    from fedalign.dictionary import PRESETS, Optim
-    from fedalign.gossip import limit_threads, load_state, simulate
+    from fedalign.dadil import (PRESETS, Optim, consensus_history, evaluate_target, limit_threads,
+                                load_state, simulate)
 
     limit_threads(1)
     T, seed, m, kind = job["target"], job["seed"], job["missing"], job["kind"]
@@ -173,8 +171,7 @@ def run_job(a, job):
 
 
 def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, seed):
-    from fedalign.envelope import envelope_study, load_dictionary
-    from fedalign.gossip import simulate
+    from fedalign.dadil import envelope_study, load_dictionary, simulate
 
     out = Path(a.out)
     fed = out / "fed" / f"envelope_{job['target']}_s{seed}"
@@ -226,7 +223,7 @@ def _jsonable(o):
 
 def _worker_init():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from fedalign.gossip import limit_threads
+    from fedalign.threads import limit_threads
 
     limit_threads(1)
 
@@ -262,10 +259,14 @@ def main(argv=None):
     a.missing = parse_list(a.missing, float)
     a.missing_targets = parse_list(a.missing_targets)
     a.missing_seeds = parse_list(a.missing_seeds, int)
+    missing = [str(Path(a.features) / f"{d}.h5") for d in a.domains
+               if not (Path(a.features) / f"{d}.h5").is_file()]
+    if missing:
+        ap.error("missing features file(s): " + ", ".join(missing))
     out = Path(a.out)
     (out / "results").mkdir(parents=True, exist_ok=True)
     todo = [j for j in jobs_for(a) if not (out / "results" / f"{j['name']}.json").exists()]
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     print(f"{len(todo)} jobs on {a.workers} workers → {out / 'results'}", flush=True)
     with ProcessPoolExecutor(max_workers=a.workers, initializer=_worker_init) as ex:
         futs = {ex.submit(run_job, a, j): j for j in todo}
@@ -281,7 +282,21 @@ def main(argv=None):
             accs = ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in summ.items() if "map" not in n)
             print(f"[{k}/{len(todo)} {time.perf_counter() - t0:.0f}s] {j['name']}: {accs} "
                   f"({res['time']['total']:.0f}s)", flush=True)
-    print(f"done in {time.perf_counter() - t0:.0f}s", flush=True)
+    wall = time.perf_counter() - t0
+    print(f"done in {wall:.0f}s", flush=True)
+    write_cpu_record(out, wall, load0)
+
+
+def write_cpu_record(out: Path, wall: float, load0: float) -> None:
+    """OUT/run_cpu.json: the worker processes' CPU seconds (getrusage of the joined children),
+    the wall clock and the 1-minute load average at start and end: the CPU time, not the wall
+    clock, is what a quiet machine would need when other jobs share the cores."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rec = dict(cpu_s=ru.ru_utime + ru.ru_stime, wall_s=wall, load_start=load0,
+               load_end=os.getloadavg()[0], cores=os.cpu_count())
+    (out / "run_cpu.json").write_text(json.dumps(rec, indent=1))
 
 
 if __name__ == "__main__":

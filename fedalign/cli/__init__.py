@@ -16,3 +16,4 @@ from fedalign.cli import gmm_cmds  # noqa: F401,E402  fit-gmm
 from fedalign.cli import plot_cmds  # noqa: F401,E402  plot embedding|accuracy|reconstruction
 from fedalign.cli import demo_cmds  # noqa: F401,E402  demo-data
 from fedalign.cli import report_cmds  # noqa: F401,E402  report
+from fedalign.cli import import_cmds  # noqa: F401,E402  import

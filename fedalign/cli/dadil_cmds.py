@@ -1,7 +1,10 @@
 """``dadil-round``, ``consensus`` and ``dadil-evaluate``: DeFed-GMM-DaDiL without a server.
 
-The evaluation itself (``dadil-evaluate`` and ``fedalign evaluate --method dadil``) is
-:func:`fedalign.dadil_eval.evaluate_target`; this module only parses options and prints.
+The library is :mod:`fedalign.dadil`: rounds :func:`fedalign.dadil.gossip.init_files` /
+:func:`~fedalign.dadil.gossip.round_files`, consensus :mod:`fedalign.dadil.consensus`, the
+evaluation :func:`fedalign.dadil.evaluation.evaluate_target_files` and its report
+:func:`~fedalign.dadil.evaluation.target_report` (also behind ``fedalign evaluate --method
+dadil``); this module checks and names its own options, and prints.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from typing import List, Optional
 import typer
 
 from fedalign.cli.app import command, err, guard_outputs, out, progress_bar, require
+from fedalign.cli.options import json_option, output_option, seeds_option, threads_option
 
 
 def _threads(n: int) -> None:
-    """Torch and BLAS threads (:func:`fedalign.gossip.limit_threads`): the matrices of one
+    """Torch and BLAS threads (:func:`fedalign.threads.limit_threads`): the matrices of one
     round are small, and on a loaded machine one thread is ~10× faster than several."""
-    from fedalign.gossip import limit_threads
+    from fedalign.threads import limit_threads
 
     limit_threads(n)
 
@@ -31,7 +35,7 @@ def _threads(n: int) -> None:
 def dadil_round_cmd(
     peers: Optional[List[Path]] = typer.Argument(None, help="Candidate peers' atoms files (.npz); the client's own is ignored."),
     state: Path = typer.Option(..., "--state", help="The client's private state file (read and updated in place; written by --init)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Atoms file to publish (.npz)."),
+    output: Path = output_option("Atoms file to publish (.npz)."),
     peer: Optional[List[Path]] = typer.Option(None, "--peer", help="A peer's atoms file (repeatable; same as the positional files)."),
     init: bool = typer.Option(False, "--init", help="Start a fresh client: its own seeded atoms (fedalign preset: around its own data's per-dimension mean and spread; reference: N(0, I)), uniform labels, α uniform."),
     client: Optional[str] = typer.Option(None, "--client", help="Client id (required with --init; otherwise checked against the state)."),
@@ -46,12 +50,13 @@ def dadil_round_cmd(
     lr: Optional[float] = typer.Option(None, help="--init: step size (gd: fraction of the residual per step, default 0.5; adam: absolute, default 0.1)."),
     alpha_rule: Optional[str] = typer.Option(None, "--alpha-rule", help="--init: newton, projected or eg (default: the preset's)."),
     lr_alpha: Optional[float] = typer.Option(None, "--lr-alpha", help="--init: step of the α rule (default: the preset's)."),
+    lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="--init: the atoms' step in round t is lr / (1 + lr_decay·(t − 1)) (default: the preset's)."),
     var_floor_rel: Optional[float] = typer.Option(None, "--var-floor-rel", help="--init: variance floor as a fraction of the client's per-dimension data variance (fedalign preset: 0.01)."),
     min_var: Optional[float] = typer.Option(None, "--min-var", help="--init: absolute variance floor instead (reference preset: 0.05)."),
     shared_init: bool = typer.Option(False, "--shared-init", help="--init: every client starts from the same N(0, I) atoms drawn from --seed alone (the earlier behaviour; M_ij(0) = 0)."),
     seed: int = typer.Option(0, help="--init: federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
     force: bool = typer.Option(False, "--force", help="--init: overwrite an existing state."),
-    threads: int = typer.Option(1, help="Torch and BLAS threads (1 is fastest for these small matrices on a busy machine)."),
+    threads: int = threads_option(),
 ):
     """One DeFed-GMM-DaDiL gossip round for one client (or --init).
 
@@ -63,16 +68,17 @@ def dadil_round_cmd(
     producer — never α, the GMM or samples) and updates the private state. Any bad input
     leaves the state untouched.
     """
+    from fedalign.dadil.gossip import STRATEGIES, describe_round, init_files, round_files
     from fedalign.errors import FedalignError
-    from fedalign.gossip import STRATEGIES, init_files, round_files
 
-    for flag, value, lo in (("--threads", threads, 1), ("--local-steps", local_steps, 0),
+    for flag, value, lo in (("--local-steps", local_steps, 0),
                             ("--n-atoms", n_atoms, 1), ("--n-components", n_components, 1),
                             ("--n-classes", n_classes, 1)):
         require(flag, value, lo)
     for flag, value in (("--lr", lr), ("--lr-alpha", lr_alpha), ("--min-var", min_var),
                         ("--var-floor-rel", var_floor_rel)):
         require(flag, value, above=0)
+    require("--lr-decay", lr_decay, 0)
     paths = list(peers or []) + list(peer or [])
     # the state is updated in place (atomically): it is the one input that is also an output
     guard_outputs(paths + [gmm, state], [output, state], allow=[state])
@@ -85,7 +91,7 @@ def dadil_round_cmd(
                         n_components=n_components, n_classes=n_classes, preset=preset,
                         shared_init=shared_init, optimizer=optimizer, lr=lr,
                         alpha_rule=alpha_rule, lr_alpha=lr_alpha, var_floor_rel=var_floor_rel,
-                        min_var=min_var)
+                        min_var=min_var, lr_decay=lr_decay)
         A, K, d, C = st.shape
         err.print(f"dadil-round: client {client} initialised ({st.settings['role']}, A={A} K={K} "
                   f"d={d} C={C}, preset {preset}) → {state}, {output}")
@@ -93,8 +99,6 @@ def dadil_round_cmd(
     if strategy not in STRATEGIES:
         raise FedalignError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     st, rec = round_files(state, paths, output, strategy, local_steps, client=client, gmm_path=gmm)
-    from fedalign.gossip import describe_round
-
     if rec.get("republished"):
         err.print(f"dadil-round: republished {rec['republished']} (round {st.round - 1}), which "
                   "an interrupted run had not written")
@@ -106,12 +110,12 @@ def dadil_round_cmd(
                 "--plot consensus.png")
 def consensus_cmd(
     runs: List[str] = typer.Argument(..., help="[NAME=]PATH: a folder searched for *.atoms.npz (one federation), or an atoms file; repeat for several runs."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Report (.json) with M_ij(t)."),
+    output: Optional[Path] = output_option("Report (.json) with M_ij(t).", required=False),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the consensus curves."),
     n_weights: int = typer.Option(10, "--n-weights", "-L", min=1, help="Common weight vectors: the A vertices, then Dirichlet(1) draws."),
     seed: int = typer.Option(0, help="Seed of the Dirichlet weight vectors."),
     every: int = typer.Option(1, min=1, help="Analyse every N-th round (and the last)."),
-    threads: int = typer.Option(1, min=1, help="Torch and BLAS threads."),
+    threads: int = threads_option(),
 ):
     """Consensus curves M_ij(t) = max_l W2(B(α_l; P⁽ⁱ⁾(t)), B(α_l; P⁽ʲ⁾(t))) of gossip federations.
 
@@ -132,7 +136,7 @@ def consensus_cmd(
     """
     from rich.table import Table
 
-    from fedalign.consensus import consensus_history, plot_consensus
+    from fedalign.dadil.consensus import consensus_history, plot_consensus
     from fedalign.files import write_report
 
     _threads(threads)
@@ -191,9 +195,9 @@ def dadil_evaluate_cmd(
     n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
     classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, or linear,map (repeatable; default: both)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
-    seeds_opt: List[str] = typer.Option(["0"], "--seeds", help="Seeds: 0,1,2 or 0-2."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report (JSON)."),
-    threads: int = typer.Option(1, min=1, help="Torch and BLAS threads."),
+    seeds_opt: List[str] = seeds_option(),
+    json_out: Optional[Path] = json_option(),
+    threads: int = threads_option(),
 ):
     """Target accuracy of DeFed-GMM-DaDiL next to honest baselines, one row per (method, head).
 
@@ -207,11 +211,11 @@ def dadil_evaluate_cmd(
     """
     from rich.table import Table
 
-    from fedalign.dadil_eval import (METHOD_LABELS, SOURCE_ONLY, evaluate_target_files,
-                                     parse_classifiers)
+    from fedalign.cli.options import parse_seeds
+    from fedalign.dadil.classifiers import METHOD_LABELS, SOURCE_ONLY, parse_classifiers
+    from fedalign.dadil.evaluation import evaluate_target_files, target_report
     from fedalign.errors import FedalignError
-    from fedalign.evaluate import parse_seeds
-    from fedalign.files import sha256_file, write_report
+    from fedalign.files import write_report
 
     _threads(threads)
     heads = parse_classifiers(classifier)
@@ -251,9 +255,6 @@ def dadil_evaluate_cmd(
         err.print(f"source-only: C={cv['C']:.3g} chosen by {cv['cv']} cross-validation on the "
                   f"sources ({len(cv['Cs'])} values {min(cv['Cs']):.0e}…{max(cv['Cs']):.0e})")
     if json_out is not None:
-        write_report(json_out, dict(producer="fedalign dadil-evaluate", test=str(test),
-                                    test_sha256=sha256_file(test), classifiers=list(heads),
-                                    states={n: str(p) for n, p in states.items()},
-                                    **res.to_json()))
+        write_report(json_out, target_report(res, test, states, heads))
     err.print(f"dadil-evaluate: {len(res.accuracy)} methods × {len(seeds)} seeds "
               f"({time.perf_counter() - t0:.1f}s)" + (f" → {json_out}" if json_out else ""))

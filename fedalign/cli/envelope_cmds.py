@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, out
+from fedalign.cli.app import command, err, out, require
+from fedalign.cli.options import json_option, seeds_option, threads_option
 
 
 def _named_paths(specs, option: str) -> dict:
@@ -29,7 +30,7 @@ def _named_paths(specs, option: str) -> dict:
 
 def _named_classes(specs, class_names, n_classes) -> dict:
     """``NAME=3,7`` → {name: [3, 7]} (indices or class names)."""
-    from fedalign.envelope import parse_classes
+    from fedalign.dadil.envelope import parse_classes
     from fedalign.errors import FedalignError
 
     named = {}
@@ -54,13 +55,13 @@ def envelope_cmd(
     missing: Optional[List[str]] = typer.Option(None, "--missing", help="NAME=CLASSES: classes removed from that GMM's data (indices or names, e.g. reduced=3,7); reports accuracy on them. Default for a labeled GMM: classes without a component."),
     classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="linear (head on samples of B(α_T)) and/or map: linear,map or repeat (default: both)."),
     n_per_class: int = typer.Option(500, "--n-per-class", help="Samples per class of B(α_T) for the linear head."),
-    seeds_opt: List[str] = typer.Option(["0"], "--seeds", help="Sampling seeds of the linear head: 0,1,2 or 0-4."),
-    steps: int = typer.Option(100, "--steps", help="Steps of the α fit (fedalign.dictionary.fit_alpha)."),
-    rule: str = typer.Option("projected", "--rule", help="α update rule of fedalign.dictionary.fit_alpha: projected (gradient step + projection onto the simplex, as in the paper), newton or eg."),
+    seeds_opt: List[str] = seeds_option("Sampling seeds of the linear head: 0,1,2 or 0-4."),
+    steps: int = typer.Option(100, "--steps", help="Steps of the α fit (fedalign.dadil.dictionary.fit_alpha)."),
+    rule: str = typer.Option("projected", "--rule", help="α update rule of fedalign.dadil.dictionary.fit_alpha: projected (gradient step + projection onto the simplex, as in the paper), newton or eg."),
     tol: float = typer.Option(1e-9, "--tol", help="Stop the α fit when α changes by less than this."),
     labeled: bool = typer.Option(False, "--labeled", help="Fit α on SMW2² with the target GMM's labels (oracle) instead of MW2² (as the unlabeled target would)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report (JSON): α, fit record, loss and accuracies per GMM."),
-    threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small matrices)."),
+    json_out: Optional[Path] = json_option("Write the report (JSON): α, fit record, loss and accuracies per GMM."),
+    threads: int = threads_option("BLAS threads (1 is fastest for these small matrices)."),
 ):
     """Barycentric envelope: can a source's fixed dictionary express the target?
 
@@ -76,14 +77,16 @@ def envelope_cmd(
     from rich import box
     from rich.table import Table
 
-    from fedalign.dadil_eval import parse_classifiers
-    from fedalign.envelope import envelope_study, load_dictionary
+    from fedalign.cli.options import parse_seeds
+    from fedalign.dadil.classifiers import parse_classifiers
+    from fedalign.dadil.envelope import envelope_study, load_dictionary
     from fedalign.errors import FedalignError
-    from fedalign.evaluate import parse_seeds
     from fedalign.files import read_features, write_report
     from fedalign.gmm import load_gmm
-    from fedalign.gossip import limit_threads
+    from fedalign.threads import limit_threads
 
+    require("--steps", steps, 1)
+    require("--n-per-class", n_per_class, 1)
     limit_threads(threads)
     t0 = time.perf_counter()
     heads = list(parse_classifiers(classifier))
@@ -102,8 +105,9 @@ def envelope_cmd(
     if unknown:
         raise FedalignError(f"--missing names {sorted(unknown)[0]!r}, which is not a --gmm name "
                             f"({', '.join(gmms)})")
-    rep = envelope_study(dic, gmms, X, y, heads, n_per_class, seeds, steps, labeled, rule, tol,
-                         miss, names or None)
+    rep = envelope_study(dic, gmms, X, y, classifiers=heads, n_per_class=n_per_class,
+                         seeds=seeds, n_steps=steps, labeled=labeled, rule=rule, tol=tol,
+                         missing=miss, class_names=names or None)
     targets = rep["targets"]
     any_missing = any(r["missing_classes"] for r in targets.values())
     table = Table(box=box.SIMPLE_HEAD,

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from fedalign.cli.app import command, err, progress_bar
+from fedalign.cli.options import output_option
 
 
 @command(
@@ -21,7 +22,7 @@ def extract_cmd(
     images: Path = typer.Argument(
         ..., help="ImageFolder tree (one sub-folder per class), a folder of images with "
         "--unlabeled, or a .txt/.csv/.tsv list of paths with optional labels."),
-    output: Path = typer.Option(..., "-o", "--output", help="Features file to write (.h5)."),
+    output: Path = output_option("Features file to write (.h5)."),
     model: str = typer.Option("tf_efficientnet_lite0", help="timm model name (pooled pre-logits features)."),
     weights: str = typer.Option(
         "builtin", help="builtin (EfficientNet-Lite0 ImageNet weights from the package "
@@ -51,7 +52,7 @@ def extract_cmd(
         res = extract_features(
             listing, output, model=model, weights=weights, batch_size=batch_size, device=device,
             precision=precision, workers=workers, threads=threads, skip_bad=skip_bad, seed=seed,
-            image_size=image_size, progress=bar, log=err.print,
+            image_size=image_size, progress=bar, log=bar.log,
         )
     skipped = f" skipped={len(res.skipped)}" if res.skipped else ""
     resumed = f" (resumed at {res.resumed_from})" if res.resumed_from else ""

@@ -8,12 +8,13 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, out, progress_bar
+from fedalign.cli.app import command, err, fold_notes, out, progress_bar
+from fedalign.cli.options import json_option, output_option, seeds_option
 from typer.core import TyperCommand
 
 #: Options of ``evaluate`` that take every value up to the next option, so shell globs work:
 #: ``--train clients/*.train.h5 --test clients/*.test.h5 --seeds 0 1 2``.
-GREEDY_OPTIONS = ("--train", "--test", "--seeds", "--input", "--param")
+GREEDY_OPTIONS = ("--train", "--test", "--seeds", "--input", "--param", "--map")
 
 
 def expand_greedy(args: list, names=GREEDY_OPTIONS) -> list:
@@ -48,11 +49,12 @@ class GreedyCommand(TyperCommand):
 
 
 @command("partition", folders=("output",),
+         words={"drop": "--drop-classes", "alpha": "--alpha", "seed": "--seed"},
          epilog="Example: fedalign partition amazon.h5 caltech10.h5 dslr.h5 webcam.h5 -o clients/ "
                 "--alpha 0.1 --seed 0")
 def partition_cmd(
     domains: List[Path] = typer.Argument(..., help="One labeled features file (.h5) per domain; the domain name is the file stem."),
-    output: Path = typer.Option(..., "-o", "--output", help="Output folder."),
+    output: Path = output_option("Output folder."),
     alpha: str = typer.Option("0.1", help="Dirichlet concentration of the label shift, or 'none' (domain shift only)."),
     seed: int = typer.Option(0, help="Random seed (the split and the draw are deterministic)."),
     test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction."),
@@ -62,6 +64,7 @@ def partition_cmd(
         help="FRACTION (each client drops that share of classes at random) or [CLIENT:]LIST of class names/indices. Repeatable."),
     max_redraws: int = typer.Option(0, min=0, help="Redraw the Dirichlet fractions up to N times while a client is empty (default: an empty client is an error)."),
     min_client_size: int = typer.Option(1, min=1, help="A client with fewer rows counts as empty (SLOT-Align's stats need at least 2)."),
+    exclude_small_clients: bool = typer.Option(False, "--exclude-small-clients", help="A client left with fewer than --min-client-size rows takes no part (no train file; recorded in every file's provenance) instead of being an error."),
 ):
     """Split domains into clients: stratified test split per domain, then Dirichlet label shift.
 
@@ -72,12 +75,13 @@ def partition_cmd(
     """
     from rich.table import Table
 
-    from fedalign.partition import counts_table, load_domains, make_partition, parse_alpha, write_partition
+    from fedalign.cli.options import parse_alpha
+    from fedalign.partition import counts_table, load_domains, make_partition, write_partition
 
     a = parse_alpha(alpha)
     doms = load_domains(domains)
     part = make_partition(doms, a, seed, test_fraction, clients_per_domain, drop_classes, max_redraws,
-                          min_client_size)
+                          min_client_size, exclude_small_clients)
     names, train, dnames, test = counts_table(doms, part)
     paths = write_partition(doms, part, output)
     classes = doms[0].class_names or [str(c) for c in range(train.shape[1])]
@@ -94,45 +98,56 @@ def partition_cmd(
     out.print("classes: " + ", ".join(f"{i}={c}" for i, c in enumerate(classes)), soft_wrap=True)
     if part.redraws:
         err.print(f"partition: {part.redraws} Dirichlet redraws (empty clients)")
-    err.print(f"partition: {len(names)} clients, {len(dnames)} test domains → {len(paths)} files in {output}")
+    if part.excluded:
+        err.print("partition: take no part (fewer than "
+                  f"{min_client_size} rows): " + ", ".join(f"{n} ({r} rows)" for n, r in
+                                                            part.participation()["excluded"].items()))
+    total = len(names) + len(part.excluded)
+    err.print(f"partition: {len(names)} of {total} clients take part, {len(dnames)} test domains → "
+              f"{len(paths)} files in {output}")
 
 
 @command("evaluate", cls=GreedyCommand, outputs=("json_out",),
+         words={"params": "--param"},
          epilog="Example: fedalign evaluate --method ofedavg --method fedcgs --train clients/*.train.h5 "
                 "--test clients/*.test.h5 --seeds 0 1 2 --json report.json")
 def evaluate_cmd(
     method: List[str] = typer.Option(..., "--method", "-m", help="ofedavg, fedcgs, fedpft, fedpft-k1, fed3r, centralized (repeatable); dadil if installed."),
     train: Optional[List[Path]] = typer.Option(None, "--train", help="Client train files (.h5), one per client."),
     test: List[Path] = typer.Option(..., "--test", help="Per-domain test files (.h5), aligned like their clients."),
-    seeds_opt: List[str] = typer.Option(["0"], "--seeds", help="Seeds: 0 1 2, 0,1,2 or a range 0-4."),
+    seeds_opt: List[str] = seeds_option("Seeds: 0 1 2, 0,1,2 or a range 0-4."),
     param: Optional[List[str]] = typer.Option(None, "--param", help="Method option METHOD.KEY=VALUE, e.g. fedpft.epochs=10 (repeatable)."),
     inputs: Optional[List[Path]] = typer.Option(None, "--input", help="Extra inputs of external methods (e.g. DaDiL state files)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report (JSON)."),
+    maps: Optional[List[Path]] = typer.Option(None, "--map", help="Every client's map (align --save-map) for O-FedAvg's transport layer (ofedavg.tau_schedule=cosine, e.g. ofedavg.variant=reference): the --train files are then the unaligned ones, the --test files mapped at τ_max."),
+    json_out: Optional[Path] = json_option("Write the report (JSON)."),
 ):
     """Train every method's global head from the clients' messages and score it per test domain.
 
     Protocol: each test domain must have a client of the same domain (from the files'
     provenance); with SLOT-Align a domain's test file is mapped by that domain's client map at
-    the same τ (align --map), which evaluate checks. Prints per-domain accuracy and the macro
-    mean, mean ± std over seeds.
+    the same τ (align --map) — or, with several clients per domain, by the domain map (align
+    --stats of each of its clients) — which evaluate checks: a test file mapped with a map of
+    another domain's client is refused. Variants: --param HEAD.variant=reference|fedalign.
+    Prints per-domain accuracy and the macro mean, mean ± std over seeds.
     """
+    from fedalign.cli.options import parse_params, parse_seeds
     from fedalign.errors import FedalignError
-    from fedalign.evaluate import (EXTERNAL_METHODS, build_report, evaluate_external,
-                                   evaluate_method, load_inputs, parse_params, parse_seeds)
+    from fedalign.evaluate import (EXTERNAL_METHODS, build_report, check_params, check_seeds,
+                                   evaluate_external, evaluate_method, load_inputs)
+    from fedalign.protocol import load_client_maps
     from fedalign.files import write_report
     from fedalign.heads import get_method
 
     params = parse_params(param)
-    seeds = parse_seeds(seeds_opt)
+    seeds = check_seeds(parse_seeds(seeds_opt))
     internal = [m for m in method if m not in EXTERNAL_METHODS]
     for m in internal:
         get_method(m).config(params.get(m))  # validate names and options before any work
-    unknown = set(params) - set(method)
-    if unknown:
-        raise FedalignError(f"--param for a method not requested: {sorted(unknown)[0]}")
+    params = check_params(params, method)
     if internal and not train:
         raise FedalignError(f"methods {', '.join(internal)} need client --train files")
-    clients, tests, class_names = load_inputs(train, test)
+    client_maps = load_client_maps(maps) if maps else None
+    clients, tests, class_names = load_inputs(train, test, client_maps)
     t0 = time.perf_counter()
     results = []
     with progress_bar(len(internal) * len(seeds), "evaluate", unit="runs") as bar:
@@ -140,11 +155,16 @@ def evaluate_cmd(
             if m in EXTERNAL_METHODS:
                 results.append(evaluate_external(m, inputs or [], tests, class_names, seeds, params.get(m, {})))
             else:
-                results.append(evaluate_method(m, clients, tests, len(class_names), seeds, params.get(m), bar))
+                results.append(evaluate_method(m, clients, tests, len(class_names), seeds, params.get(m), bar,
+                                               maps=client_maps))
     out.print(result_table(results, [t.domain for t in tests], seeds))
     for r in results:
-        for note in r.notes:
-            err.print(f"{r.method}: {note}")
+        for line in fold_notes(r.method, r.notes):
+            err.print(line, markup=False)
+        losses = [d["train_loss"] for d in getattr(r, "diagnostics", []) if d and "train_loss" in d]
+        if losses:
+            err.print(f"{r.method}: final training loss {sum(losses) / len(losses):.4g} "
+                      "(sample-weighted over clients, mean over seeds)", markup=False)
     if json_out is not None:
         write_report(json_out, build_report(results, clients, tests, class_names, seeds))
     err.print(f"evaluate: {len(method)} methods × {len(seeds)} seeds on {len(clients)} clients, "

@@ -9,44 +9,110 @@ from typing import List, Optional
 import typer
 
 from fedalign.cli.app import command, err, guard_outputs, progress_bar
+from fedalign.cli.options import chunk_rows_option, output_option, parse_shrinkage, tau_option
+
+
+def _backend_option():
+    return typer.Option("numpy", help="numpy (default) or torch: where the arithmetic runs "
+                        "(same results, float64 moments and matrix functions).")
+
+
+def _device_option():
+    return typer.Option("cpu", help="cpu (default), cuda, cuda:N (imply --backend torch) or "
+                        "auto (a GPU if torch sees one).")
+
+
+def _compute(backend: str, device: str):
+    """The backend adapter (validated before any file is read: a bad device is exit 2)."""
+    from fedalign.backend import get_backend
+
+    if str(device).lower().startswith("cuda"):
+        backend = "torch"
+    return get_backend(backend, device)
 
 
 @command("stats", outputs=("output",), epilog="Example: fedalign stats client3.h5 -o client3.stats.npz --per-class")
 def stats_cmd(
     features: Path = typer.Argument(..., help="Features file (.h5)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Stats file to write (.npz)."),
+    output: Path = output_option("Stats file to write (.npz)."),
     shrinkage: str = typer.Option("auto", help="auto (Ledoit–Wolf), none, or a value in [0, 1]."),
     per_class: bool = typer.Option(False, "--per-class", help="Also store class counts and class sums."),
-    chunk_rows: int = typer.Option(8192, min=1, help="Rows read per chunk (memory ∝ chunk_rows·d + d²)."),
+    chunk_rows: int = chunk_rows_option("Rows read per chunk (memory ∝ chunk_rows·d + d²)."),
+    backend: str = _backend_option(),
+    device: str = _device_option(),
 ):
     """Mean and Ledoit–Wolf shrunk covariance of a features file, in one streaming pass.
 
     The file holds aggregates only (counts, sums, moments), never per-sample rows.
     """
     from fedalign.files import open_features, sha256_file
-    from fedalign.stats import compute_stats, parse_shrinkage, save_stats
+    from fedalign.stats import compute_stats, save_stats
+
+    from fedalign.align import stats_digest
 
     shr = parse_shrinkage(shrinkage)
+    bk = _compute(backend, device)
     with open_features(features) as ff:
         n = ff.n
+        client, domain = _owner_of(features, ff.provenance)
     t0 = time.perf_counter()
     with progress_bar(n, f"stats {features.name}") as bar:
-        st = compute_stats(features, shr, per_class, chunk_rows, progress=bar)
+        st = compute_stats(features, shr, per_class, chunk_rows, progress=bar, backend=bk)
     meta = dict(producer="fedalign stats", source=str(features), source_sha256=sha256_file(features),
-                shrinkage_option=str(shrinkage), class_names=st.class_names)
+                shrinkage_option=str(shrinkage), class_names=st.class_names, client=client,
+                domain=domain, stats_sha256=stats_digest(st))
+    if bk.record():
+        meta["compute"] = bk.record()
     save_stats(output, st, meta)
     err.print(f"stats: n={st.n} d={st.d} shrinkage={st.shrinkage:.4g} "
-              f"({time.perf_counter() - t0:.2f}s) → {output}")
+              f"({time.perf_counter() - t0:.2f}s{_on(bk)}) → {output}")
+
+
+def _owner_of(path: Path, provenance: dict) -> tuple:
+    """(client, domain) of a features file: its provenance (``partition`` records both), else
+    no client and the file-name stem as the domain (as ``evaluate`` reads it)."""
+    client = provenance.get("client")
+    domain = provenance.get("domain") or Path(path).name.split(".")[0]
+    return (None if client is None else str(client)), str(domain)
+
+
+def _stats_meta(path: Path) -> dict:
+    """The metadata of a (validated) stats file, read without loading its arrays again."""
+    import json
+
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
+
+
+def _domain_map(stats, ref, load_stats, domain_map):
+    """The domain map of several clients' stats files (all of one domain, owners recorded)."""
+    from fedalign.errors import FedalignError
+
+    metas = [_stats_meta(p) for p in stats]
+    for p, m in zip(stats, metas):
+        if m.get("domain") is None or m.get("client") is None:
+            raise FedalignError(f"{p}: the stats file does not record its client and domain "
+                                "(recompute it with `fedalign stats` on a partition file)")
+    doms = sorted({m["domain"] for m in metas})
+    if len(doms) > 1:
+        raise FedalignError(f"a domain map pools the clients of one domain; the stats come from "
+                            f"domains {', '.join(doms)}")
+    return domain_map([load_stats(p) for p in stats], ref, doms[0], [m["client"] for m in metas])
 
 
 @command("barycenter", outputs=("output",),
          epilog="Example: fedalign barycenter c0.stats.npz c1.stats.npz c2.stats.npz -o ref.npz")
 def barycenter_cmd(
     stats: List[Path] = typer.Argument(..., help="Client stats files (.npz)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Reference file to write (.npz)."),
+    output: Path = output_option("Reference file to write (.npz)."),
     weights: str = typer.Option("samples", help="samples (w_k = n_k/N) or uniform."),
     tol: float = typer.Option(1e-10, min=0.0, help="Relative tolerance of the fixed point."),
     max_iter: int = typer.Option(100, min=1, help="Maximum fixed-point iterations."),
+    strict: bool = typer.Option(False, "--strict", help="A barycenter that does not converge is an error (exit 2, nothing written)."),
+    backend: str = _backend_option(),
+    device: str = _device_option(),
 ):
     """Bures–Wasserstein barycenter of client Gaussians (the SLOT-Align reference).
 
@@ -57,17 +123,29 @@ def barycenter_cmd(
     from fedalign.files import sha256_file
     from fedalign.stats import load_stats
 
-    sts = [load_stats(p) for p in stats]
+    bk = _compute(backend, device)
     t0 = time.perf_counter()
-    ref = make_reference(sts, weights, tol=tol, max_iter=max_iter)
+    sts = [load_stats(p) for p in stats]
+    with progress_bar(None, f"barycenter K={len(sts)} d={sts[0].d}", unit="iterations") as bar:
+        ref = make_reference(sts, weights, tol=tol, max_iter=max_iter, backend=bk,
+                             progress=lambda it, rel, res: bar.update(
+                                 completed=it, note=f"residual {res:.1e} (tol {tol:g})"))
     c = ref.meta["convergence"]
+    if not c["converged"]:
+        from fedalign.errors import FedalignError
+
+        why = (f"barycenter did not converge in {c['iterations']} iterations (rel. change "
+               f"{c['rel_change']:.2e} > tol {tol:g})")
+        if strict:
+            raise FedalignError(f"{why}; raise --max-iter or --tol, or drop --strict")
+        err.print(f"warning: {why}; the reference records converged = false")
     save_reference(output, ref, dict(producer="fedalign barycenter",
                                      sources=[str(p) for p in stats],
                                      source_sha256=[sha256_file(p) for p in stats]))
     status = "converged" if c["converged"] else "NOT converged"
     err.print(f"barycenter: K={len(sts)} d={ref.d} {status} in {c['iterations']} iterations, "
               f"rel. change {c['rel_change']:.2e}, residual {c['residual']:.2e} "
-              f"({time.perf_counter() - t0:.2f}s) → {output}")
+              f"({time.perf_counter() - t0:.2f}s{_on(bk)}) → {output}")
 
 
 @command("align", outputs=("output", "save_map"), epilog="Example: fedalign align --tau 0.5 client3.h5 ref.npz -o client3.aligned.h5\n\n"
@@ -75,45 +153,74 @@ def barycenter_cmd(
 def align_cmd(
     features: Path = typer.Argument(..., help="Client features file (.h5)."),
     reference: Optional[Path] = typer.Argument(None, help="Reference file from `barycenter` (not needed with --map)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Aligned features (default: <input>.aligned.h5)."),
-    tau: float = typer.Option(0.4, help="Geodesic time τ ∈ [0, 1]: 0 keeps features, 1 maps fully onto the reference."),
-    stats: Optional[Path] = typer.Option(None, help="Client stats file (default: computed from FEATURES)."),
+    output: Optional[Path] = output_option("Aligned features (default: <input>.aligned.h5).", required=False),
+    tau: float = tau_option(),
+    stats: Optional[List[Path]] = typer.Option(None, "--stats", help="Client stats file (default: computed from FEATURES). Repeat it with the stats of every client of one domain to build that domain's map from their pooled statistics (the rule for a domain's test split with several clients per domain)."),
     save_map: Optional[Path] = typer.Option(None, "--save-map", help="Also write the client map (.npz)."),
     map_file: Optional[Path] = typer.Option(None, "--map", help="Use a saved client map instead of a reference."),
-    chunk_rows: int = typer.Option(8192, min=1, help="Rows per streamed chunk."),
+    chunk_rows: int = chunk_rows_option("Rows per streamed chunk."),
+    backend: str = _backend_option(),
+    device: str = _device_option(),
 ):
     """Move features along the W2 geodesic towards the reference: T_τ(z) = (1−τ)z + τ(A z + b).
 
     A = Σ_b^{1/2}(Σ_b^{1/2} Σ_k Σ_b^{1/2})^{-1/2} Σ_b^{1/2}, b = μ_b − A μ_k, built from the
     client's own statistics. Protocol: map each domain's test features with that domain's
-    client map (--save-map on the training file, --map on the test file) at the same τ.
+    client map (--save-map on the training file, --map on the test file) at the same τ; with
+    several clients per domain, with the domain map (--stats of each of its clients). The map
+    and the aligned file record whose map it is (client, or domain and its clients) and the
+    statistics' digest; evaluate refuses a test file mapped with another domain's map.
     """
-    from fedalign.align import align_file, client_map, load_map, load_reference, save_map as _save_map
+    from fedalign.align import (align_file, client_map, domain_map, load_map, load_reference,
+                                map_provenance, save_map as _save_map)
     from fedalign.errors import FedalignError
     from fedalign.files import open_features
     from fedalign.gaussian import check_tau
     from fedalign.stats import compute_stats, load_stats
 
+    t0 = time.perf_counter()
     check_tau(tau)
+    bk = _compute(backend, device)
+    stats = list(stats or [])
     if output is None:
         output = features.with_name(features.stem + ".aligned.h5")
-        guard_outputs([features, reference, stats, map_file], [output, save_map])
+        guard_outputs([features, reference, map_file, *stats], [output, save_map])
+    with open_features(features) as ff:
+        own_client, own_domain = _owner_of(features, ff.provenance)
     if map_file is not None:
+        if stats:
+            raise FedalignError("--map and --stats exclude each other (a saved map already holds its statistics)")
         amap = load_map(map_file)
         ref_hash = amap.meta.get("reference_sha256")
     else:
         if reference is None:
             raise FedalignError("give a reference file (from `fedalign barycenter`) or --map")
         ref = load_reference(reference)
-        st = load_stats(stats) if stats is not None else compute_stats(features)
-        amap = client_map(st, ref)
+        if len(stats) > 1:
+            amap = _domain_map(stats, ref, load_stats,
+                               lambda *a: domain_map(*a, backend=bk))
+        elif stats:
+            meta = _stats_meta(stats[0])
+            amap = client_map(load_stats(stats[0]), ref, meta.get("client", own_client),
+                              meta.get("domain", own_domain), backend=bk)
+        else:
+            with open_features(features) as ff:
+                n = ff.n
+            with progress_bar(n, f"stats {features.name} (no --stats given)") as bar:
+                st = compute_stats(features, progress=bar, backend=bk)
+            amap = client_map(st, ref, own_client, own_domain, backend=bk)
         ref_hash = ref.meta["sha256"]
+    t_map = time.perf_counter() - t0
     with open_features(features) as ff:
         n = ff.n
-    t0 = time.perf_counter()
     with progress_bar(n, f"align {features.name}") as bar:
         align_file(features, output, amap, tau, chunk_rows,
-                   provenance=dict(reference_sha256=ref_hash), progress=bar)
+                   provenance=map_provenance(amap, ref_hash), progress=bar, backend=bk)
     if save_map is not None:
         _save_map(save_map, amap)
-    err.print(f"align: n={n} τ={tau} ({time.perf_counter() - t0:.2f}s) → {output}")
+    err.print(f"align: n={n} τ={tau} ({time.perf_counter() - t0:.2f}s in all, "
+              f"{t_map:.2f}s for the map{_on(bk)}) → {output}")
+
+
+def _on(bk) -> str:
+    return f", torch on {bk.device}" if bk.is_torch else ""

@@ -9,13 +9,14 @@ from typing import Optional
 import typer
 
 from fedalign.cli.app import command, err
+from fedalign.cli.options import output_option
 
 
 @command("fit-gmm", outputs=("output",), epilog="Example: fedalign fit-gmm client3.h5 -o client3.gmm.npz "
                            "--components-per-class 5")
 def fit_gmm_cmd(
     features: Path = typer.Argument(..., help="Features file (.h5)."),
-    output: Path = typer.Option(..., "-o", "--output", help="GMM file to write (.npz)."),
+    output: Path = output_option("GMM file to write (.npz)."),
     components_per_class: int = typer.Option(5, "--components-per-class", "-k", min=1,
                                              help="Components per class (k); unlabeled: C·k in all."),
     class_weights: str = typer.Option("balanced", help="balanced (each class mass 1/C) or prior (n_c/n)."),
@@ -46,12 +47,18 @@ def fit_gmm_cmd(
     elif n_classes is None and not names and not (y >= 0).any():
         raise FedalignError(f"{features}: no labels and no class names: give --n-classes")
     t0 = time.perf_counter()
-    g = fit_gmm(X, y, components_per_class, n_classes, class_weights, min_var, seed, max_iter,
-                tol, class_names=names, var_floor_rel=var_floor_rel)
+    g = fit_gmm(X, y, components_per_class, n_classes=n_classes, class_weights=class_weights,
+                min_var=min_var, seed=seed, max_iter=max_iter, tol=tol, class_names=names,
+                var_floor_rel=var_floor_rel)
     save_gmm(output, g, dict(producer="fedalign fit-gmm", source=str(features),
                              source_sha256=sha256_file(features)))
     not_conv = sum(not r["converged"] for r in g.meta["fit"])
     kind = "labeled" if g.labeled else "unlabeled"
-    err.print(f"fit-gmm: {kind} n={len(X)} d={g.d} K={g.K} C={g.n_classes} "
+    k, C = components_per_class, g.n_classes
+    if g.K == C * k:
+        parts = f"K={g.K} components = C·k = {C}·{k}"
+    else:  # a class with fewer than k samples gets fewer components
+        parts = f"K={g.K} components (≤ C·k = {C}·{k}: small classes get fewer)"
+    err.print(f"fit-gmm: {kind} n={len(X)} d={g.d} {parts} "
               f"({len(g.meta['fit'])} EM fits, {not_conv} not converged, "
               f"{time.perf_counter() - t0:.2f}s) → {output}")

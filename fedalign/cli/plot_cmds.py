@@ -8,10 +8,16 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import app, command, err
+from fedalign.cli.app import HelpGroup, app, command, err
+from fedalign.cli.options import output_option
 
-plot_app = typer.Typer(help="PNG pictures: feature embeddings, accuracy bars and a DaDiL "
+plot_app = typer.Typer(cls=HelpGroup,
+                       help="PNG pictures: feature embeddings, accuracy bars and a DaDiL "
                             "target's reconstruction by its barycenter.",
+                       epilog="Example: fedalign plot embedding c0.h5 c1.h5 --after c0.al.h5 "
+                              "--after c1.al.h5 -o emb.png\n"
+                              "Example: fedalign plot accuracy base.json slot.json --method fedcgs "
+                              "-o acc.png",
                        no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
 
@@ -21,7 +27,7 @@ app.add_typer(plot_app, name="plot")
 def embedding_cmd(
     features: List[Path] = typer.Argument(..., help="Features files, one per client."),
     after: Optional[List[Path]] = typer.Option(None, "--after", help="Aligned files, same order (repeat)."),
-    output: Path = typer.Option(Path("embedding.png"), "-o", "--output", help="PNG to write."),
+    output: Path = output_option("PNG to write.", default=Path("embedding.png")),
     method: str = typer.Option("pca", help="pca or tsne."),
     max_points: int = typer.Option(500, min=2, help="Rows drawn per file."),
     seed: int = typer.Option(0, help="Subsampling / t-SNE seed."),
@@ -42,7 +48,7 @@ def accuracy_cmd(
     reports: List[Path] = typer.Argument(..., help="Report files from `fedalign evaluate --json`."),
     method: Optional[str] = typer.Option(None, help="Method to draw (default: the first in each report)."),
     label: Optional[List[str]] = typer.Option(None, "--label", help="Bar labels, one per report (repeat)."),
-    output: Path = typer.Option(Path("accuracy.png"), "-o", "--output", help="PNG to write."),
+    output: Path = output_option("PNG to write.", default=Path("accuracy.png")),
     title: str = typer.Option("Per-domain accuracy", help="Figure title."),
 ):
     """Grouped bars of per-domain accuracy (and the mean) for several reports."""
@@ -66,7 +72,7 @@ def reconstruction_cmd(
     atoms: Optional[Path] = typer.Option(None, "--atoms", help="A dictionary (atoms or state file) to use with --alpha."),
     alpha: Optional[str] = typer.Option(None, "--alpha", help="α_T: weights (0.2,0.5,0.3) or REPORT.json[:NAME], the α a dadil-envelope report fitted on GMM NAME (overrides the state's)."),
     missing: Optional[str] = typer.Option(None, "--missing", help="Classes removed from the target's adaptation data, indices or names (3,7): drawn in colour, the others in grey. Default: those of the --alpha report."),
-    output: Path = typer.Option(Path("reconstruction.png"), "-o", "--output", help="PNG to write."),
+    output: Path = output_option("PNG to write.", default=Path("reconstruction.png")),
     n_per_class: int = typer.Option(200, "--n-per-class", help="Samples of B(α_T) per class."),
     method: str = typer.Option("tsne", help="tsne (scikit-learn t-SNE, joint) or pca."),
     max_points: int = typer.Option(1000, "--max-points", help="Real rows and samples drawn, each (uniform subsample)."),
@@ -79,11 +85,12 @@ def reconstruction_cmd(
     target features, crosses samples of B(α_T; atoms). Crosses of a missing class over the
     circles of that class mean the dictionary reconstructs the class the target never showed.
     """
-    from fedalign.envelope import check_test, load_dictionary, parse_classes, read_alpha
+    from fedalign.dadil.envelope import (barycenter, check_test, load_dictionary, parse_classes,
+                                         read_alpha)
+    from fedalign.dadil.state import client_barycenter, load_state
     from fedalign.errors import FedalignError
     from fedalign.files import read_features
     from fedalign.gmm import sample_balanced
-    from fedalign.gossip import client_barycenter, load_state
     from fedalign.plot import plot_reconstruction
 
     if (state is None) == (atoms is None):
@@ -113,8 +120,6 @@ def reconstruction_cmd(
     if state is not None:
         B = client_barycenter(load_state(state), a)
     else:
-        from fedalign.envelope import barycenter
-
         B = barycenter(dic, a)
     Xs, ys = sample_balanced(B, int(n_per_class), int(seed))
     res = plot_reconstruction(Xr, yr, Xs, ys, miss, output, method, seed, max_points,

@@ -9,12 +9,22 @@ Every method is a module with
 - ``server_aggregate(messages, n_classes, config, seed) -> LinearHead``: runs on the server and
   sees ONLY the messages;
 - optionally ``server_init(d, n_classes, config, seed) -> dict``: a broadcast the server sends
-  to every client before training (O-FedAvg's common initialisation).
+  to every client before training (O-FedAvg's common initialisation);
+- optionally ``TRANSPORT = True``: ``client_update`` accepts ``transport=(A (d, d), b (d,))``,
+  the client's frozen SLOT-Align map (τ = 1), and trains through it (O-FedAvg's τ schedule);
+- optionally ``next_init(head, round) -> dict``: the broadcast of the next round when
+  ``config.rounds > 1`` (O-FedAvg).
+
+Variants: a head whose ``Config`` has a ``variant`` field declares ``VARIANTS = {name:
+{option: value}}`` on the Config class. ``variant=reference`` reproduces that head's reference
+implementation (the remaining differences are listed in the head's docstring);
+``variant=fedalign`` (the default) is this package's robust choice. A variant only supplies
+defaults: options given explicitly (``--param HEAD.KEY=VALUE``) win.
 
 =============  ==============================================================  ==============
 method         message (per client)                                             reference
 =============  ==============================================================  ==============
-ofedavg        a locally trained linear softmax head (W, b) and n               McMahan 2017
+ofedavg        a locally trained linear softmax head (W, b), n, final loss       McMahan 2017
 fedcgs         class counts/sums, Σx, Σxxᵀ → LDA head from global statistics      FedCGS
 fedpft         per-class GMM parameters in float16 → synthetic features         Beitollahi 2024
 fed3r          XᵀX and XᵀY → closed-form ridge classifier                        Fanì 2024
@@ -37,10 +47,18 @@ from fedalign.errors import FedalignError
 
 @dataclass
 class LinearHead:
-    """Linear classifier: scores = X Wᵀ + b. W (C, d) float64, b (C,) float64 (−inf: never)."""
+    """Linear classifier: scores = X Wᵀ + b. W (C, d) float64, b (C,) float64 (−inf: never).
+
+    ``info`` holds what the server noticed while building the head (e.g. O-FedAvg's final
+    training loss, FedPFT's unfitted classes); it never holds client data. ``notes``: what the
+    server has to say about the head, one line each (FedPFT: ``client 0 class 3: a single
+    sample, no GMM fitted (count sent)``), returned with it (no module keeps them).
+    """
 
     W: np.ndarray
     b: np.ndarray
+    info: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
 
     def scores(self, X: np.ndarray) -> np.ndarray:
         """(n, C) class scores."""
@@ -51,11 +69,11 @@ class LinearHead:
         return np.argmax(self.scores(X), axis=1)
 
     def accuracy(self, X: np.ndarray, y: np.ndarray) -> float:
-        """Fraction of labeled rows (y ≥ 0) predicted correctly."""
-        keep = np.asarray(y) >= 0
-        if not np.any(keep):
-            raise FedalignError("no labeled rows to evaluate")
-        return float(np.mean(self.predict(np.asarray(X)[keep]) == np.asarray(y)[keep]))
+        """Fraction of labeled rows (y ≥ 0) predicted correctly (:func:`fedalign.metrics.accuracy`;
+        no labeled row: :class:`FedalignError`)."""
+        from fedalign.metrics import accuracy
+
+        return accuracy(self.predict, X, y)
 
 
 @dataclass(frozen=True)
@@ -98,8 +116,20 @@ def get_method(name: str) -> Method:
 
 
 def make_config(cls, params: dict, name: str = ""):
-    """Build a Config dataclass from a dict, converting strings to the fields' default types."""
+    """Build a Config dataclass from a dict, converting strings to the fields' default types.
+
+    When ``cls`` declares ``VARIANTS``, the chosen variant's options (``params["variant"]``, or
+    the field's default) fill in every option that ``params`` does not give.
+    """
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    variants = getattr(cls, "VARIANTS", None)
+    if variants is not None and "variant" in fields:
+        v = str(params.get("variant", fields["variant"].default)).strip()
+        if v not in variants:
+            only = "" if "reference" in variants else " (this head has no reference implementation)"
+            raise FedalignError(f"{name or cls.__module__}.variant must be one of "
+                                f"{', '.join(variants)}, got {v!r}{only}")
+        params = {**variants[v], **params, "variant": v}
     kw = {}
     for key, value in params.items():
         if key not in fields:
@@ -120,7 +150,8 @@ def make_config(cls, params: dict, name: str = ""):
 OPTION_BOUNDS = {
     "epochs": (0, True), "batch_size": (1, True), "lr": (0, False), "momentum": (0, True),
     "weight_decay": (0, True), "components": (1, True), "gmm_max_iter": (1, True),
-    "min_per_component": (0, True), "lam": (0, False), "ridge": (0, True),
+    "min_per_component": (0, True), "lam": (0, False), "ridge": (0, True), "min_steps": (0, True),
+    "rounds": (1, True), "gmm_tol": (0, False),
 }
 
 
@@ -152,28 +183,62 @@ def client_seed(seed: int, k: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0])
 
 
-def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, params: dict | None = None):
+def round_seed(seed: int, k: int, r: int) -> int:
+    """Seed of client k in round r (round 0: :func:`client_seed`)."""
+    if r == 0:
+        return client_seed(seed, k)
+    return int(np.random.SeedSequence([int(seed), int(k), int(r)]).generate_state(1)[0])
+
+
+def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, params: dict | None = None,
+               transports=None, config=None):
     """Run a method: every client computes its message, the server builds the head.
 
     Parameters
     ----------
     clients : list of (X (n_k, d), y (n_k,)) pairs
     n_classes : C, the size of the shared label space
+    transports : optional list of (A (d, d), b (d,)), client k's frozen SLOT-Align map (τ = 1),
+        for heads with a transport layer (``TRANSPORT = True``: O-FedAvg's τ schedule);
+        ``clients`` then hold the *unaligned* features
+    config : an already built Config (instead of ``params``)
+
+    With ``config.rounds = R > 1`` (O-FedAvg) the clients train R times, each round from the
+    server's previous aggregate; the messages returned are those of the last round.
 
     Returns
     -------
     head : :class:`LinearHead`
-    messages : list of dict (exactly what left each client)
+    messages : list of dict (exactly what left each client in the last round)
     """
     m = get_method(method) if isinstance(method, str) else method
-    mod, cfg = m.load(), m.config(params)
+    mod = m.load()
+    cfg = config if config is not None else m.config(params)
     d = np.asarray(clients[0][0]).shape[1]
+    if transports is not None:
+        if not getattr(mod, "TRANSPORT", False):
+            raise FedalignError(f"{m.name} trains on (pre-aligned) features and has no transport layer; "
+                                "client maps are for ofedavg.tau_schedule=cosine")
+        if len(transports) != len(clients):
+            raise FedalignError(f"{len(transports)} client maps for {len(clients)} clients")
+    rounds = int(getattr(cfg, "rounds", 1))
     init = mod.server_init(d, n_classes, cfg, seed) if hasattr(mod, "server_init") else None
-    messages = []
-    for k, (X, y) in enumerate(clients):
-        msg = mod.client_update(np.asarray(X), np.asarray(y), n_classes, cfg, client_seed(seed, k), init=init)
-        extra = set(msg) - set(mod.MESSAGE_KEYS)
-        if extra:  # a programming error, not bad input
-            raise RuntimeError(f"{m.name}: message has undeclared keys {sorted(extra)}")
-        messages.append(msg)
-    return mod.server_aggregate(messages, n_classes, cfg, seed), messages
+    history = []
+    for r in range(rounds):
+        messages = []
+        for k, (X, y) in enumerate(clients):
+            extra = {} if transports is None else {"transport": transports[k]}
+            msg = mod.client_update(np.asarray(X), np.asarray(y), n_classes, cfg, round_seed(seed, k, r),
+                                    init=init, **extra)
+            undeclared = set(msg) - set(mod.MESSAGE_KEYS)
+            if undeclared:  # a programming error, not bad input
+                raise RuntimeError(f"{m.name}: message has undeclared keys {sorted(undeclared)}")
+            messages.append(msg)
+        head = mod.server_aggregate(messages, n_classes, cfg, seed)
+        if rounds > 1:
+            history.append(dict(head.info))
+            if r + 1 < rounds:
+                init = mod.next_init(head, r + 1)
+    if rounds > 1:
+        head.info["rounds"] = history
+    return head, messages

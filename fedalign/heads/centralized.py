@@ -2,7 +2,8 @@
 
 Its "message" is the client's raw features and labels, i.e. exactly what federated learning
 must not share; it exists only to bound what the federated heads can reach on the same data.
-Default: SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 64, 50 epochs.
+Default: SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 64, 50 epochs. It has no
+reference implementation, so only ``variant=fedalign`` exists.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ SHARES_RAW_DATA = True
 
 @dataclass
 class Config:
+    variant: str = "fedalign"
     epochs: int = 50
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 1e-5
     batch_size: int = 64
     optimizer: str = "sgd"
+
+    VARIANTS = {"fedalign": {}}
 
 
 def client_update(X, y, n_classes: int, config: Config, seed: int, init=None) -> dict:

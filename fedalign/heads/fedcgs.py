@@ -15,6 +15,23 @@ predicted). With ``covariance="within"`` and ``ridge=r`` this is scikit-learn's
 
 The inverse uses a symmetric eigendecomposition with eigenvalues clipped at
 ``1e-12 · λ_max`` (:mod:`fedalign.linalg`).
+
+Variants (``fedcgs.variant``):
+
+- ``fedalign`` (default): total covariance normalised by N, ridge r = 0.01 towards the scaled
+  identity (a d = 1280 covariance from a few hundred rows is singular without it).
+- ``reference`` — the official FedCGS code (``main_fedcgs.py`` / ``utils_fl.eval_lda``):
+  total covariance S = (Σxxᵀ − N μμᵀ) / (N − 1) (``ddof = 1``), γ = 0 (its ``gamma_list =
+  [0]``: S + γI with γ = 0, i.e. ``ridge = 0``), W = M S⁻¹, b_c = −½ μ_cᵀ S⁻¹ μ_c + log(N_c/N).
+  Differences that remain, and why:
+
+  1. Inverse: the reference calls ``np.linalg.inv(S)``; here the eigen-clipped inverse above.
+     The two agree whenever S is well conditioned; when N ≤ d (S singular) ``inv`` fails or
+     returns round-off, and the clipped inverse is its reproducible limit.
+  2. Classes absent from every client: the reference divides 0/0 (NaN means, log 0), so its
+     scores for them are NaN; here they get b_c = −∞ and are never predicted.
+  3. Precision: the reference accumulates in float64 from float32 features, as here; its
+     head is then cast to float32 for scoring, here scores are float64.
 """
 
 from __future__ import annotations
@@ -31,10 +48,16 @@ MESSAGE_KEYS = ("class_counts", "class_sums", "sum_x", "sum_xx")
 
 @dataclass
 class Config:
+    variant: str = "fedalign"
     covariance: str = "total"
     ridge: float = 0.01
+    ddof: int = 0
+
+    VARIANTS = {"fedalign": {}, "reference": dict(covariance="total", ridge=0.0, ddof=1)}
 
     def validate(self):
+        if self.ddof not in (0, 1):
+            raise FedalignError(f"fedcgs.ddof must be 0 (1/N) or 1 (1/(N−1)), got {self.ddof}")
         if self.covariance not in ("total", "within"):
             raise FedalignError(f"fedcgs.covariance must be total or within, got {self.covariance!r}")
         if not 0.0 <= self.ridge <= 1.0:
@@ -51,13 +74,18 @@ def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None
             "sum_x": sx, "sum_xx": sxx}
 
 
-def global_statistics(messages):
-    """Summed statistics → (N_c (C,), μ_c (C, d), μ (d,), S total covariance (d, d))."""
+def global_statistics(messages, ddof: int = 0):
+    """Summed statistics → (N_c (C,), μ_c (C, d), μ (d,), S total covariance (d, d)).
+
+    S = (Σxxᵀ − N μμᵀ) / (N − ddof).
+    """
     Nc = sum(m["class_counts"] for m in messages).astype(np.float64)
     sums = sum(m["class_sums"] for m in messages)
     N = Nc.sum()
     mu = sum(m["sum_x"] for m in messages) / N
-    S = sum(m["sum_xx"] for m in messages) / N - np.outer(mu, mu)
+    if N - ddof <= 0:
+        raise FedalignError(f"fedcgs: {int(N)} training rows in all, cannot normalise by N − {ddof}")
+    S = (sum(m["sum_xx"] for m in messages) - N * np.outer(mu, mu)) / (N - ddof)
     with np.errstate(invalid="ignore", divide="ignore"):
         Mc = np.where(Nc[:, None] > 0, sums / np.maximum(Nc, 1)[:, None], 0.0)
     return Nc, Mc, mu, 0.5 * (S + S.T)
@@ -77,10 +105,10 @@ def lda_head(Nc, Mc, Sigma) -> LinearHead:
 
 
 def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) -> LinearHead:
-    Nc, Mc, mu, S = global_statistics(messages)
+    Nc, Mc, mu, S = global_statistics(messages, config.ddof)
     if config.covariance == "within":
         D = Mc - mu
-        S = S - (D.T * (Nc / Nc.sum())) @ D
+        S = S - (D.T * (Nc / (Nc.sum() - config.ddof))) @ D
     d = S.shape[0]
     Sigma = (1.0 - config.ridge) * S + config.ridge * (np.trace(S) / d) * np.eye(d)
     return lda_head(Nc, Mc, Sigma)

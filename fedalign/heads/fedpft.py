@@ -10,7 +10,7 @@ components, and K_c is lowered until every fitted component carries at least
 ``min_per_component`` (default 2) samples of weight (w_j · N_{k,c}) — a component that
 collapses onto one sample would send that raw row. A class with a single sample is not fitted
 (a one-point Gaussian is that raw row): its count still travels, and the server reports it
-(``LAST_REPORT``); nothing is dropped silently.
+(the head's ``notes`` and ``info["unfitted"]``); nothing is dropped silently.
 
 Message arrays (C classes, K components, padded with zero weights):
 ``counts (C,) int64``, ``n_components (C,) int64``, ``weights (C, K) f16``,
@@ -20,6 +20,30 @@ Message arrays (C classes, K components, padded with zero weights):
 Presets (Beitollahi et al., "Parametric feature transfer: one-shot federated learning with
 foundation models", 2024): ``k10-diag`` K=10 diagonal, SGD lr 0.01 momentum 0.9, batch 128,
 50 epochs; ``k1-spherical`` K=1 spherical, AdamW lr 1e-4, batch 32, 50 epochs.
+
+Variants (``fedpft.variant``; the preset still chooses K and the covariance type):
+
+- ``fedalign`` (default): the few-sample rule above, EM ``tol`` 1e-3 and ``max_iter`` 100
+  (scikit-learn's defaults: enough for a frozen encoder's class clusters), a variance floor
+  of 1e-6 on the server, and the preset's optimiser.
+- ``reference`` — the Flower baseline by the paper's first author (``baselines/fedpft``:
+  ``utils.learn_gmm``, ``strategy.FedPFT.aggregate_fit``, ``model.train``; the Caltech101
+  configuration ``server-lr 1e-4``, ``server-batch-size 32``, ``num-epochs 50``, ``tol 1e-12``,
+  ``max-iter 10000``): a class is fitted with exactly K components only when it has n > K
+  samples, otherwise *nothing* about it is sent (not even its count); EM with tol 1e-12 and
+  max_iter 10⁴; float16 parameters; the server rebuilds each GMM in scikit-learn, draws its
+  n_c samples with ``GaussianMixture.sample`` from a fresh ``RandomState(seed)`` per GMM (as the
+  reference does, so every class GMM uses the same noise stream), and trains ``nn.Linear`` with
+  AdamW (lr 1e-4, torch's default weight decay 0.01), batch 32, 50 epochs, plain
+  cross-entropy. Differences that remain, and why:
+
+  1. Weights: float16 weights need not sum to 1, and ``RandomState.multinomial`` then raises
+     in the reference (K > 1); here they are renormalised in float64 before sampling.
+  2. Seeds: the reference fixes the sampler's seed to its config seed (0) for every run;
+     here it is the run seed, so seeds differ across runs as the head's initialisation does.
+     Mini-batch order and initialisation come from numpy (see :mod:`fedalign.heads.linear`).
+  3. The reference extracts features itself in float64; here they come from the float32
+     features file (cast to float64 before EM, as there).
 """
 
 from __future__ import annotations
@@ -44,12 +68,10 @@ PRESETS = {
 #: Variance floor applied on the server (float16 underflows below ~6e-8).
 VAR_FLOOR = 1e-6
 
-#: What the last :func:`server_aggregate` call noticed (classes not fitted, components used).
-LAST_REPORT: dict = {}
-
 
 @dataclass
 class Config:
+    variant: str = "fedalign"
     preset: str = "k10-diag"
     components: int = -1
     covariance: str = ""
@@ -60,7 +82,14 @@ class Config:
     momentum: float = 0.9
     weight_decay: float = 1e-5
     gmm_max_iter: int = 100
+    gmm_tol: float = 1e-3
     min_per_component: float = 2.0
+
+    VARIANTS = {
+        "fedalign": {},
+        "reference": dict(gmm_tol=1e-12, gmm_max_iter=10000, optimizer="adamw", lr=1e-4,
+                          batch_size=32, epochs=50, weight_decay=0.01),
+    }
 
     def validate(self):
         if self.preset not in PRESETS:
@@ -75,8 +104,13 @@ class Config:
             raise FedalignError("fedpft: components and batch_size must be ≥ 1, epochs ≥ 0")
 
 
-def n_components_for(n: int, K: int) -> int:
-    """Components fitted to a class of n samples (0: not fitted)."""
+def n_components_for(n: int, K: int, variant: str = "fedalign") -> int:
+    """Components fitted to a class of n samples (0: not fitted).
+
+    fedalign: max(1, min(K, ⌊n/2⌋)) from n ≥ 2 on; reference: K when n > K, else 0.
+    """
+    if variant == "reference":
+        return K if n > K else 0
     return 0 if n < 2 else max(1, min(K, n // 2))
 
 
@@ -94,15 +128,18 @@ def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None
     weights = np.zeros((n_classes, K), dtype=np.float16)
     means = np.zeros((n_classes, K, d), dtype=np.float16)
     covs = np.zeros(cov_shape, dtype=np.float16)
+    reference = config.variant == "reference"
     for c in np.flatnonzero(counts):
-        kc = n_components_for(int(counts[c]), K)
+        kc = n_components_for(int(counts[c]), K, config.variant)
         if kc == 0:
+            if reference:  # the reference sends nothing about the class, not even its count
+                counts[c] = 0
             continue
         Xc = X[y == c]
         while True:
             g = GaussianMixture(kc, covariance_type=config.covariance, max_iter=config.gmm_max_iter,
-                                random_state=seed % (2**32 - 1)).fit(Xc)
-            if kc == 1 or g.weights_.min() * len(Xc) >= config.min_per_component:
+                                tol=config.gmm_tol, random_state=seed % (2**32 - 1)).fit(Xc)
+            if reference or kc == 1 or g.weights_.min() * len(Xc) >= config.min_per_component:
                 break
             kc -= 1
         ncomp[c] = kc
@@ -136,8 +173,26 @@ def sample_class(msg: dict, c: int, n: int, rng: np.random.Generator) -> np.ndar
     return out
 
 
-def synthesize(messages, n_classes: int, seed: int):
-    """Synthetic training set from the messages: (X (N, d) float32, y (N,), report)."""
+def sample_class_sklearn(msg: dict, c: int, n: int, covariance: str, seed: int) -> np.ndarray:
+    """The reference's sampler: the GMM rebuilt in scikit-learn (float32 parameters, weights
+    renormalised) and ``GaussianMixture.sample(n)`` from a fresh ``RandomState(seed)``."""
+    from sklearn.mixture import GaussianMixture
+
+    kc = int(msg["n_components"][c])
+    w = msg["weights"][c, :kc].astype(np.float64)
+    g = GaussianMixture(kc, covariance_type=covariance, random_state=seed % (2**32 - 1))
+    g.weights_ = w / w.sum() if w.sum() > 0 else np.full(kc, 1.0 / kc)
+    g.means_ = msg["means"][c, :kc].astype(np.float32)
+    g.covariances_ = msg["covariances"][c, :kc].astype(np.float32)
+    return g.sample(n)[0]
+
+
+def synthesize(messages, n_classes: int, seed: int, sampler: str = "fedalign", covariance: str = "diag"):
+    """Synthetic training set from the messages: (X (N, d) float32, y (N,), report).
+
+    ``sampler="reference"``: :func:`sample_class_sklearn` per class GMM (``covariance`` names
+    the covariance type), else one numpy generator for all (:func:`sample_class`).
+    """
     rng = np.random.default_rng(seed)
     Xs, ys, unfitted = [], [], []
     for k, m in enumerate(messages):
@@ -146,7 +201,10 @@ def synthesize(messages, n_classes: int, seed: int):
                 unfitted.append((k, int(c), int(m["counts"][c])))
                 continue
             n = int(m["counts"][c])
-            Xs.append(sample_class(m, int(c), n, rng).astype(np.float32))
+            if sampler == "reference":
+                Xs.append(sample_class_sklearn(m, int(c), n, covariance, seed).astype(np.float32))
+            else:
+                Xs.append(sample_class(m, int(c), n, rng).astype(np.float32))
             ys.append(np.full(n, c, dtype=np.int64))
     if not Xs:
         raise FedalignError("fedpft: no client sent a fitted class GMM (every class has < 2 samples)")
@@ -155,10 +213,13 @@ def synthesize(messages, n_classes: int, seed: int):
 
 
 def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) -> LinearHead:
-    X, y, report = synthesize(messages, n_classes, seed)
-    LAST_REPORT.clear()
-    LAST_REPORT.update(report)
+    """The head trained on the synthetic set; ``info`` is the synthesis report
+    (:func:`synthesize`: ``unfitted``, ``n_synthetic``) and ``notes`` names every class a
+    client could not fit."""
+    X, y, report = synthesize(messages, n_classes, seed, config.variant, config.covariance)
     W, b = train_softmax(X, y, n_classes, epochs=config.epochs, lr=config.lr,
                          batch_size=config.batch_size, optimizer=config.optimizer,
                          momentum=config.momentum, weight_decay=config.weight_decay, seed=seed)
-    return LinearHead(W, b)
+    notes = [f"client {k} class {c}: a single sample, no GMM fitted (count sent)"
+             for k, c, _ in report["unfitted"]]
+    return LinearHead(W, b, dict(report), notes)

@@ -1,0 +1,307 @@
+"""The speed machinery of :func:`fedalign.gaussian.bures_barycenter` (private).
+
+The fixed point S ← G S G, G = L^{-T} (Σ_k w_k (Lᵀ Σ_k L)^{1/2}) L^{-1} with S = L Lᵀ, and what
+makes it fast (``benchmarks/bench_barycenter.py``):
+
+- :class:`_RootSum`: the K square roots with a Cholesky factor instead of S^{1/2}, clients in
+  a thread pool, each with single-threaded BLAS (``trmm``, one ``eigh``, ``syrk``);
+- :class:`_Anderson`: Anderson (type II) mixing of the iterates, SPD-safeguarded;
+- :func:`_scalar_complement`: the exact reduction to the common subspace outside which every
+  Σ_k is scalar (shrunk covariances of clients with n_k ≪ d);
+- BLAS thread control: one BLAS thread per worker inside the root sum, and one for the
+  remaining d × d kernels below d = 1024 (threadpoolctl).
+
+The loop (:func:`_iterate`, :class:`_Anderson`, :func:`_safe_cholesky`) is written once over
+a kernel set: :class:`_NumpyKernels` (scipy BLAS, the thread pool above) or
+:class:`_TorchKernels` (the torch backend of :mod:`fedalign.backend`: the K clients as one
+batched float64 ``torch.linalg.eigh`` with the same clipping, triangular solves, on a CPU or
+a GPU).
+
+:func:`_iterate` runs the loop; ``fedalign.gaussian`` holds the public functions and the
+mathematics (its module docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from fedalign.backend import get_backend
+from fedalign.errors import FedalignError
+from fedalign.linalg import EIG_FLOOR, eigh_clipped, sym
+
+
+def _full(U):
+    """Symmetric matrix from its upper triangle (BLAS ``syrk`` output)."""
+    return np.triu(U) + np.triu(U, 1).T
+
+
+class _RootSum:
+    """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2} for a lower Cholesky factor S = L Lᵀ.
+
+    Any factor F with F Fᵀ = S gives the same maps, F^{-T}(Fᵀ Σ_k F)^{1/2} F^{-1} =
+    S^{-1/2}(S^{1/2} Σ_k S^{1/2})^{1/2} S^{-1/2}, so the Cholesky factor (cheap, no
+    eigendecomposition of S) replaces S^{1/2}. Each client costs two triangular products
+    (``trmm``), one clipped symmetric eigendecomposition M_k = V diag(λ) Vᵀ and one ``syrk``
+    w_k V diag(√λ) Vᵀ. Clients run in a thread pool, each with single-threaded BLAS
+    (oversubscribed multithreaded LAPACK is slow on small machines).
+    """
+
+    def __init__(self, covs, weights, workers):
+        from concurrent.futures import ThreadPoolExecutor
+
+        import scipy.linalg.blas  # noqa: F401  (loaded first, so that the controller sees it)
+        from threadpoolctl import ThreadpoolController
+
+        self.covs = [np.asfortranarray(C) for C in covs]
+        self.weights = weights
+        self.n_workers = max(1, min(workers, len(covs)))
+        self.pool = ThreadPoolExecutor(self.n_workers)
+        self.blas = ThreadpoolController()
+
+    def _part(self, ks, L):
+        from scipy.linalg.blas import dsyrk, dtrmm
+
+        T = np.zeros(L.shape, order="F")
+        for k in ks:
+            M = dtrmm(1.0, L, dtrmm(1.0, L, self.covs[k], side=1, lower=1), lower=1, trans_a=1)
+            w, V = eigh_clipped(M, symmetrize=False)
+            T = dsyrk(1.0, V * np.sqrt(self.weights[k] * np.sqrt(w)), beta=1.0, c=T,
+                      overwrite_c=1)
+        return T
+
+    def __call__(self, L):
+        L = np.asfortranarray(L)
+        groups = [range(i, len(self.covs), self.n_workers) for i in range(self.n_workers)]
+        with self.blas.limit(limits=1, user_api="blas"):
+            parts = list(self.pool.map(lambda ks: self._part(ks, L), groups))
+        return _full(sum(parts))
+
+    def close(self):
+        self.pool.shutdown()
+
+
+def _congruence_inv(L, T):
+    """L^{-T} T L^{-1} for lower-triangular L (two triangular solves)."""
+    from scipy.linalg import solve_triangular
+
+    Y = solve_triangular(L, T, lower=True, trans="T")
+    return sym(solve_triangular(L, Y.T, lower=True, trans="T").T)
+
+
+class _NumpyKernels:
+    """The loop's kernels with numpy/scipy BLAS (the reference path)."""
+
+    def __init__(self, covs, weights, workers):
+        self.d = covs[0].shape[0]
+        self.root_sum = _RootSum(covs, weights, workers)
+        self.congruence_inv = _congruence_inv
+
+    def gsg(self, L, G):
+        """G S G = (G L)(G L)ᵀ for S = L Lᵀ."""
+        from scipy.linalg.blas import dsyrk, dtrmm
+
+        return _full(dsyrk(1.0, dtrmm(1.0, L, G, side=1, lower=1)))
+
+    def cholesky(self, S):
+        from scipy.linalg import LinAlgError, cholesky
+
+        try:
+            return cholesky(S, lower=True)
+        except LinAlgError:
+            return None
+
+    def eye(self, d):
+        return np.eye(d)
+
+    def norm(self, X) -> float:
+        return float(np.linalg.norm(X))
+
+    def threads(self):
+        """One BLAS thread below d = 1024 (the root sum's pool has its own limit)."""
+        from threadpoolctl import ThreadpoolController
+
+        return ThreadpoolController().limit(limits=1 if self.d < 1024 else None, user_api="blas")
+
+    def close(self):
+        self.root_sum.close()
+
+
+class _TorchKernels:
+    """The loop's kernels on a torch backend: batched float64 eigh over the K clients."""
+
+    def __init__(self, bk, covs, weights):
+        self.bk, self.t = bk, bk.torch
+        self.covs = self.t.stack([bk.asarray(C) for C in covs])          # (K, d, d)
+        self.w = bk.asarray(np.asarray(weights, dtype=np.float64))      # (K,)
+
+    def root_sum(self, L):
+        """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2}, eigenvalues clipped as in :func:`eigh_clipped`."""
+        M = L.mT @ self.covs @ L
+        lam, V = self.t.linalg.eigh(M)  # reads the lower triangle, as the numpy path's eigh
+        top = lam[:, -1:].clamp_min(np.finfo(np.float64).tiny)
+        lam = self.t.maximum(lam, EIG_FLOOR * top)
+        Vs = V * self.t.sqrt(self.w[:, None] * self.t.sqrt(lam))[:, None, :]
+        return sym((Vs @ Vs.mT).sum(0))
+
+    def congruence_inv(self, L, T):
+        Y = self.bk.solve_lower_t(L, T)
+        return sym(self.bk.solve_lower_t(L, Y.mT).mT)
+
+    def gsg(self, L, G):
+        GL = G @ L
+        return sym(GL @ GL.mT)
+
+    def cholesky(self, S):
+        return self.bk.cholesky(S)
+
+    def eye(self, d):
+        return self.bk.eye(d)
+
+    def norm(self, X) -> float:
+        return float(self.t.linalg.norm(X))
+
+    def threads(self):
+        return contextlib.nullcontext()
+
+    def close(self):
+        pass
+
+
+
+def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float = 0.5,
+                       backend=None):
+    """Common invariant subspace outside which every Σ_k is a multiple of the identity.
+
+    Shrunk covariances of clients with few samples (n_k ≪ d) have the form
+    Σ_k = c_k I + U_k D_k U_kᵀ with rank U_k ≤ n_k. With U an orthonormal basis of
+    span(U_1, …, U_K), every Σ_k maps U and U⊥ to themselves and is c_k I on U⊥, so the
+    barycenter splits exactly: B = U B_U Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ), with B_U the
+    barycenter of the r × r matrices Uᵀ Σ_k U. Eigenvalues within ``rtol · λ_max`` of λ_min
+    count as the scalar part.
+
+    Returns
+    -------
+    (U (d, r), c (K,)) when r ≤ max_fraction · d, else None. (numpy arrays; with a torch
+    ``backend`` the eigendecompositions run there.)
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    xp = get_backend(backend)
+    d = covs[0].shape[0]
+    if d < 64:
+        return None
+
+    def scalar_part(w):
+        return w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
+
+    # cheap screen (eigenvalues only) on one client before decomposing all of them
+    if scalar_part(xp.to_numpy(xp.eigvalsh(covs[0]))).sum() < d - max_fraction * d:
+        return None
+    if xp.is_torch:
+        eigs = [tuple(map(xp.to_numpy, xp.eigh(C))) for C in covs]
+    else:
+        with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
+            eigs = list(pool.map(lambda C: np.linalg.eigh(C), covs))
+    bases, c = [], []
+    for w, V in eigs:
+        scalar = scalar_part(w)
+        if scalar.sum() < d - max_fraction * d:
+            return None
+        c.append(float(np.mean(w[scalar])))
+        bases.append(V[:, ~scalar])
+    B = np.concatenate(bases, axis=1)
+    if B.shape[1] > max_fraction * d:
+        return None
+    if B.shape[1] == 0:
+        return np.zeros((d, 0)), np.array(c)
+    Q, sv, _ = np.linalg.svd(B, full_matrices=False)
+    r = int(np.sum(sv > 1e-8 * sv[0]))
+    if r > max_fraction * d:
+        return None
+    return Q[:, :r], np.array(c)
+
+
+def _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress=None, backend=None):
+    """The fixed-point loop; ``S`` and ``covs`` are arrays of ``backend`` (numpy by default)."""
+    bk = get_backend(backend)
+    d = S.shape[0]
+    kern = _TorchKernels(bk, covs, weights) if bk.is_torch else _NumpyKernels(covs, weights,
+                                                                             workers)
+    I = kern.eye(d)
+    mixer, history = _Anderson(anderson, kern), []
+    rel, res, converged, it = np.inf, np.inf, False, 0
+    L = _safe_cholesky(S, kern)
+    # numpy: the root sum runs clients in parallel threads with one BLAS thread each; the
+    # remaining d × d kernels gain from BLAS threads only at large d
+    with kern.threads():
+        try:
+            for it in range(1, max_iter + 1):
+                G = kern.congruence_inv(L, kern.root_sum(L))
+                res = float(kern.norm(G - I) / np.sqrt(d))
+                F = kern.gsg(L, G)  # G S G = (GL)(GL)ᵀ
+                rel = float(kern.norm(F - S) / kern.norm(S))
+                history.append((rel, res))
+                if progress is not None:
+                    progress(it, rel, res)
+                converged = res <= tol
+                if converged or it == max_iter:
+                    break
+                S, L = mixer.step(S, F)
+        finally:
+            kern.close()
+    return S, dict(iterations=it, rel_change=rel, residual=res, converged=bool(converged),
+                   history=history)
+
+
+def _safe_cholesky(S, kern):
+    """Lower Cholesky factor of S, adding a growing relative ridge if S is numerically singular."""
+    jitter = 0.0
+    d = S.shape[0]
+    scale = max(float(S.diagonal().sum()) / d, np.finfo(float).tiny)
+    for _ in range(12):
+        L = kern.cholesky(S + jitter * kern.eye(d))
+        if L is not None:
+            return L
+        jitter = scale * (1e-14 if jitter == 0.0 else jitter / scale * 10)
+    raise FedalignError("barycenter iterate lost positive definiteness (inputs too singular)")
+
+
+class _Anderson:
+    """Anderson (type II) mixing of a fixed-point map S ↦ F, in the Frobenius inner product.
+
+    Keeps the last ``memory`` differences of iterates and of residuals F − S; each step solves
+    the small least-squares problem min_γ ‖g − Σ γ_i ΔG_i‖ through its m × m normal equations
+    and returns S + g − Σ γ_i (ΔX_i + ΔG_i).
+    """
+
+    def __init__(self, memory, kern):
+        from collections import deque
+
+        self.dx, self.dg = deque(maxlen=memory), deque(maxlen=memory)
+        self.last = None
+        self.kern = kern
+
+    def step(self, S, F):
+        """Next iterate and its lower Cholesky factor; plain F (memory cleared) if not SPD."""
+        x, g = S.ravel(), (F - S).ravel()
+        if self.last is not None:  # (a deque of maxlen 0 keeps nothing: plain iteration)
+            self.dx.append(x - self.last[0])
+            self.dg.append(g - self.last[1])
+        self.last = (x, g)
+        if self.dg:
+            gram = np.array([[float(a @ b) for b in self.dg] for a in self.dg])
+            gamma = np.linalg.lstsq(gram, np.array([float(a @ g) for a in self.dg]),
+                                    rcond=None)[0]
+            v = x + g
+            for c, ddx, ddg in zip(gamma, self.dx, self.dg):
+                v -= float(c) * (ddx + ddg)
+            N = sym(v.reshape(S.shape))
+            L = self.kern.cholesky(N)
+            if L is not None:
+                return N, L
+            self.dx.clear()
+            self.dg.clear()
+        return F, _safe_cholesky(F, self.kern)
+

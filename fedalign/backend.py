@@ -1,0 +1,189 @@
+"""Where the Gaussian core computes: numpy on the CPU (default) or torch on a CPU or a GPU.
+
+The algorithms of :mod:`fedalign.stats`, :mod:`fedalign.gaussian` and :mod:`fedalign.align`
+are written once; the few kernels that differ between array libraries (eigendecomposition,
+Cholesky factor, triangular solves, the streaming ``syrk``, moving arrays to and from the
+device) are the methods of a small adapter, :class:`NumpyBackend` or :class:`TorchBackend`,
+chosen by :func:`get_backend`. Precision follows the numpy path: float64 for moments and
+matrix functions (``torch.linalg.eigh`` with the same relative eigenvalue clipping as
+:func:`fedalign.linalg.eigh_clipped`), float32 for the products that are float32 there
+(applying a map to features).
+
+``get_backend("numpy", "cpu")`` never imports torch; ``device="auto"`` is opt-in (it imports
+torch to look for a GPU). A GPU out of memory becomes one :class:`FedalignError` line saying
+how much was needed (:meth:`TorchBackend.guard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+
+from fedalign.errors import FedalignError
+
+BACKENDS = ("numpy", "torch")
+_DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+
+
+class NumpyBackend:
+    """numpy/scipy kernels on the CPU: the reference path (byte-identical files)."""
+
+    name = "numpy"
+    device = "cpu"
+    is_torch = False
+
+    def asarray(self, x, dtype=np.float64):
+        return np.asarray(x, dtype=dtype)
+
+    def to_numpy(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    eigh = staticmethod(np.linalg.eigh)
+    eigvalsh = staticmethod(np.linalg.eigvalsh)
+    sqrt = staticmethod(np.sqrt)
+    maximum = staticmethod(np.maximum)
+
+    def record(self) -> dict:
+        """What provenance records about the computation (nothing: the default path)."""
+        return {}
+
+    @contextlib.contextmanager
+    def guard(self, what: str, nbytes: int = 0):
+        yield
+
+
+class TorchBackend:
+    """torch kernels on ``device`` (``cpu``, ``cuda``, ``cuda:N``), float64 matrix functions."""
+
+    name = "torch"
+    is_torch = True
+
+    def __init__(self, device: str):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self._dev = torch.device(device)
+
+    # -- arrays ------------------------------------------------------------------------------
+    def asarray(self, x, dtype=np.float64):
+        t = self.torch
+        tdt = {np.float64: t.float64, np.float32: t.float32}[np.dtype(dtype).type]
+        if isinstance(x, t.Tensor):
+            return x.to(self._dev, tdt)
+        x = np.asarray(x)
+        src = t.from_numpy(np.ascontiguousarray(x))
+        if self._dev.type == "cuda":
+            return src.pin_memory().to(self._dev, non_blocking=True).to(tdt)
+        return src.to(tdt)
+
+    def to_numpy(self, x) -> np.ndarray:
+        if isinstance(x, self.torch.Tensor):
+            return x.detach().cpu().numpy()
+        return np.asarray(x)
+
+    def eye(self, d: int):
+        return self.torch.eye(d, dtype=self.torch.float64, device=self._dev)
+
+    # -- kernels -----------------------------------------------------------------------------
+    def eigh(self, S):
+        return self.torch.linalg.eigh(S)
+
+    def sqrt(self, x):
+        return self.torch.sqrt(x)
+
+    def maximum(self, x, v):
+        return self.torch.clamp_min(x, float(v))
+
+    def eigvalsh(self, S):
+        return self.torch.linalg.eigvalsh(S)
+
+    def cholesky(self, S):
+        """Lower Cholesky factor, or None when S is not numerically positive definite."""
+        L, info = self.torch.linalg.cholesky_ex(S)
+        return None if int(info.max()) != 0 else L
+
+    def solve_lower_t(self, L, B):
+        """L^{-T} B for lower-triangular L."""
+        return self.torch.linalg.solve_triangular(L.mT, B, upper=True)
+
+    def record(self) -> dict:
+        """Provenance: the backend and the device used (with the GPU's name)."""
+        rec = dict(backend="torch", device=self.device)
+        if self._dev.type == "cuda":
+            rec["device_name"] = self.torch.cuda.get_device_name(self._dev)
+        return rec
+
+    @contextlib.contextmanager
+    def guard(self, what: str, nbytes: int = 0):
+        """Turn a GPU out-of-memory error into one line: what needed how much."""
+        t = self.torch
+        try:
+            yield
+        except t.cuda.OutOfMemoryError as e:
+            free = total = None
+            with contextlib.suppress(Exception):
+                free, total = t.cuda.mem_get_info(self._dev)
+            need = f"about {nbytes / 2**30:.2f} GiB" if nbytes else "more memory than is free"
+            have = (f"; {free / 2**30:.2f} of {total / 2**30:.2f} GiB free on {self.device}"
+                    if total else "")
+            raise FedalignError(f"out of GPU memory in {what}: it needs {need}{have}; use "
+                                "--device cpu or a smaller --chunk-rows") from e
+
+
+_NUMPY = NumpyBackend()
+
+
+def get_backend(backend: str = "numpy", device: str = "cpu"):
+    """The adapter for ``backend`` on ``device``.
+
+    Parameters
+    ----------
+    backend : "numpy" (default) or "torch"
+    device : "cpu" (default), "cuda", "cuda:N" or "auto" (a GPU if torch sees one, else the
+        CPU). Any CUDA device implies the torch backend.
+
+    Returns
+    -------
+    :class:`NumpyBackend` or :class:`TorchBackend`
+
+    Raises
+    ------
+    FedalignError
+        unknown backend or device string, torch not installed, no CUDA device, or a device
+        index beyond the GPUs present.
+    """
+    if isinstance(backend, (NumpyBackend, TorchBackend)):
+        return backend
+    backend = str(backend or "numpy").lower()
+    device = str(device or "cpu").lower()
+    if backend not in BACKENDS:
+        raise FedalignError(f"backend must be numpy or torch, got {backend!r}")
+    if not _DEVICE.match(device):
+        raise FedalignError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
+    if backend == "numpy" and device == "cpu":
+        return _NUMPY
+    try:
+        import torch
+    except ImportError as e:
+        raise FedalignError("the torch backend needs torch (pip install torch)") from e
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu" and backend == "numpy":
+            return _NUMPY
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise FedalignError(f"device {device}: no CUDA device is available "
+                                "(use --device cpu)")
+        idx = int(device.split(":")[1]) if ":" in device else 0
+        if idx >= torch.cuda.device_count():
+            raise FedalignError(f"device {device}: only {torch.cuda.device_count()} CUDA "
+                                "device(s) present")
+    return TorchBackend(device)
+
+
+def array_bytes(*shapes, itemsize: int = 8) -> int:
+    """Bytes of float arrays of the given shapes (for out-of-memory messages)."""
+    return int(sum(np.prod(s) for s in shapes) * itemsize)

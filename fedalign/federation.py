@@ -1,0 +1,296 @@
+"""One SLOT-Align federation in memory: partition → statistics → barycenter → maps → every head
+at every τ, with τ chosen on a validation split of the clients' training data.
+
+This is what the file pipeline (``partition``, ``stats``, ``barycenter``, ``align --save-map`` /
+``--map`` / ``--stats …``, ``evaluate``) does, in one process, for a grid of runs
+(``examples/slot/run_grid.py``): a partition's statistics, barycenter and maps are computed
+once and reused for every τ (T_τ = (1 − τ) I + τ A is affine in τ), and no process starts per
+step.
+
+Protocol of :func:`run_federation` (dataset, α, seed s, M clients per domain)
+--------------------------------------------------------------------------------
+1. **Partition** (:func:`fedalign.partition.make_partition`, seed s): per domain a stratified
+   test split, Dirichlet(α) label shift over the K = D·M clients, **no redraws**; a client with
+   fewer than ``min_client_size`` = 3 rows takes no part (``exclude_small``), as in a real
+   federation, and is recorded. Three, not two: the Ledoit–Wolf estimate of two rows has
+   shrinkage exactly 0 (b² = (β̃/n − ‖Σ̂‖²)/(nd) vanishes for n = 2, as in scikit-learn), so
+   its covariance is singular and ``fedalign stats`` refuses it.
+2. **Validation split**: every participating client holds out a stratified ``val_fraction`` of
+   its training rows (per class ``round(f · n_c)`` rows), unless that would leave it fewer than
+   ``min_client_size`` rows (then it holds out nothing).
+3. Two federations are built the same way: ``full`` (every training row) and ``selection``
+   (the rows not held out). Each: client statistics (mean, Ledoit–Wolf covariance) →
+   barycenter (sample weights) → every client's map, and every domain's map (the OT map of its
+   participating clients' pooled statistics, :func:`fedalign.align.domain_map`; with M = 1 the
+   client map). At each τ: each client's training rows through its own map; the domain's
+   evaluation rows through the domain map — ``full``: its test split, ``selection``: its
+   clients' pooled held-out rows. A domain with no participating client has no map: its test
+   split is scored unaligned (and has no validation rows).
+4. Every head (:class:`HeadSpec`: method and variant) is trained once per τ in each
+   federation, partition seed = head seed = s. O-FedAvg with its transport layer
+   (``tau_schedule=cosine``, the reference variant) trains on the unaligned rows through the
+   client maps with τ_max = τ; every other head on the rows aligned at τ.
+5. **τ selection** (no test label is used): τ̂ = the τ with the best validation macro accuracy
+   of the ``selection`` federation, each domain's accuracy class-balanced
+   (:func:`balanced_accuracy`; ties → the smaller τ); the result reports the ``full``
+   federation's test accuracy at τ̂. The best τ on the test accuracy itself is reported only as
+   the *oracle*.
+
+Accuracy is per test domain; the macro mean is over the test domains.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedalign.errors import FedalignError
+
+#: Labels of the default heads, in table order.
+DEFAULT_HEADS = ("ofedavg", "ofedavg:reference", "fedcgs", "fedcgs:reference", "fedpft",
+                 "fedpft:reference", "fed3r", "fed3r:reference", "centralized")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A registered method in one variant, with extra options. Label: ``method[:variant]``."""
+
+    method: str
+    variant: str = "fedalign"
+    params: tuple = ()
+
+    @classmethod
+    def parse(cls, label: str) -> "HeadSpec":
+        method, _, variant = label.partition(":")
+        return cls(method, variant or "fedalign")
+
+    @property
+    def label(self) -> str:
+        return self.method if self.variant == "fedalign" else f"{self.method}:{self.variant}"
+
+    def config(self, **extra):
+        from fedalign.heads import get_method
+
+        return get_method(self.method).config({**dict(self.params), "variant": self.variant, **extra})
+
+
+def gaussian_stats(X: np.ndarray):
+    """A client's Gaussian proxy (mean, Ledoit–Wolf covariance) from its rows X (n, d)."""
+    from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
+
+    m = Moments(X.shape[1]).update(X).finalize()
+    if m.n < 2:
+        raise FedalignError(f"statistics need at least 2 rows, got {m.n}")
+    C, s = shrunk_covariance(m)
+    check_definite(C, m, s, "client statistics")
+    return GaussianStats(m.n, m.mean, C, s, m)
+
+
+def validation_split(y: np.ndarray, fraction: float, seed, min_fit: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified hold-out of a client's rows: (fit_idx, val_idx), per class round(f · n_c);
+    nothing is held out when fewer than ``min_fit`` rows would remain."""
+    from fedalign.partition import stratified_split
+
+    fit, val = stratified_split(np.asarray(y), fraction, np.random.default_rng(seed))
+    if len(fit) < min_fit:
+        return np.arange(len(y)), np.zeros(0, dtype=np.int64)
+    return fit, val
+
+
+class Federation:
+    """Statistics, barycenter, client maps and domain maps of one set of clients.
+
+    Parameters
+    ----------
+    clients : dict name → (domain, X (n, d), y (n,)) — participating clients only
+    tol : barycenter tolerance (relative change of the fixed point)
+    """
+
+    def __init__(self, clients: dict, tol: float = 1e-6):
+        from fedalign.align import make_reference
+        from fedalign.linalg import sqrt_and_inv_sqrt
+        from fedalign.pooling import pool_stats
+
+        self.clients = clients
+        self.stats = {n: gaussian_stats(X) for n, (_, X, _) in clients.items()}
+        self.reference = make_reference(list(self.stats.values()), "samples", tol=tol)
+        self._root = sqrt_and_inv_sqrt(self.reference.covariance)[0]  # Σ_b^{1/2}, once
+        self.maps = {n: self._map(self.stats[n], dict(scope="client", client=n, domain=dom))
+                     for n, (dom, _, _) in clients.items()}
+        self.domain_maps = {}
+        for dom in dict.fromkeys(d for d, _, _ in clients.values()):
+            names = [n for n, (d, _, _) in clients.items() if d == dom]
+            if len(names) == 1:
+                self.domain_maps[dom] = self.maps[names[0]]
+                continue
+            sts = [self.stats[n] for n in names]
+            self.domain_maps[dom] = self._map(pool_stats(sts), dict(
+                scope="domain", client=None, domain=dom, clients=names,
+                client_stats_sha256=[self.maps[n].meta["stats_sha256"] for n in names]))
+
+    def _map(self, st, owner: dict):
+        """:func:`fedalign.align.client_map` / :func:`~fedalign.align.domain_map` (same formula
+        as :func:`fedalign.gaussian.ot_map`, same metadata) with Σ_b^{1/2} computed once:
+        A = Σ_b^{1/2} (Σ_b^{1/2} Σ Σ_b^{1/2})^{-1/2} Σ_b^{1/2}, b = μ_b − A μ."""
+        from fedalign.align import AffineMap, stats_digest
+        from fedalign.linalg import eigh_clipped, sym
+
+        R, ref = self._root, self.reference
+        w, V = eigh_clipped(R @ st.covariance @ R)
+        A = sym(R @ ((V / np.sqrt(w)) @ V.T) @ R)
+        b = ref.mean - A @ st.mean
+        meta = dict(reference_sha256=ref.meta.get("sha256"), n=int(st.n), **owner,
+                    stats_sha256=stats_digest(st))
+        return AffineMap(A, b, meta)
+
+    @staticmethod
+    def move(X: np.ndarray, amap, tau: float) -> np.ndarray:
+        """T_τ(X) (float32); X itself at τ = 0 or without a map."""
+        from fedalign.align import apply_map
+
+        if amap is None or tau == 0:
+            return np.asarray(X, dtype=np.float32)
+        return apply_map(X, amap, tau)
+
+    def score(self, heads, evals: dict, taus, n_classes: int, seed: int, balanced: bool = False) -> dict:
+        """Accuracy of every head at every τ on ``evals`` {domain: (X, y)} (moved by the domain
+        map; unmoved for a domain without one); ``balanced``: the mean of the per-class
+        accuracies over the classes present (:func:`balanced_accuracy`). Returns
+        {label: {"acc": {τ: {domain: acc}}, "info": {τ: head.info}}}."""
+        from fedalign.heads import get_method, run_method
+
+        out = {h.label: {"acc": {}, "info": {}} for h in heads}
+        raw = [(X, y) for _, X, y in self.clients.values()]
+        transports = [(self.maps[n].A, self.maps[n].b) for n in self.clients]
+        for tau in taus:
+            train = [(self.move(X, self.maps[n], tau), y) for n, (_, X, y) in self.clients.items()]
+            ev = {d: (self.move(X, self.domain_maps.get(d), tau), y) for d, (X, y) in evals.items()}
+            for h in heads:
+                cfg = h.config(**({"tau_max": float(tau)} if h.method == "ofedavg" else {}))
+                layer = getattr(cfg, "tau_schedule", "fixed") == "cosine" and tau > 0
+                head, _ = run_method(get_method(h.method), raw if layer else train, n_classes,
+                                     seed=seed, transports=transports if layer else None, config=cfg)
+                out[h.label]["acc"][tau] = {
+                    d: balanced_accuracy(head, X, y) if balanced else head.accuracy(X, y)
+                    for d, (X, y) in ev.items() if len(y)}
+                out[h.label]["info"][tau] = head.info
+        return out
+
+
+def balanced_accuracy(head, X, y) -> float:
+    """Mean over the classes present in y of the per-class accuracy.
+
+    The validation rows of a client follow its own skewed label distribution, the test split of
+    a domain follows the domain's; weighting every class equally removes the client's label
+    skew from the selection score (not the classes it lacks, which no training-data split can
+    show).
+    """
+    y = np.asarray(y)
+    pred = head.predict(np.asarray(X))
+    return float(np.mean([np.mean(pred[y == c] == c) for c in np.unique(y)]))
+
+
+def select_tau(macro: dict) -> float:
+    """The τ of the best value of ``macro`` {τ: accuracy}; ties → the smallest τ. NaN values
+    (nothing to score) are ignored; with none left, the smallest τ (no alignment)."""
+    valid = {t: v for t, v in macro.items() if not np.isnan(v)}
+    if not valid:
+        return min(macro)
+    best = max(valid.values())
+    return min(t for t, v in valid.items() if v >= best - 1e-12)
+
+
+def _macro(acc: dict) -> float:
+    return float(np.mean(list(acc.values()))) if acc else float("nan")
+
+
+def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_domain: int = 1,
+                   test_fraction: float = 0.3, val_fraction: float = 0.2, min_client_size: int = 3,
+                   tol: float = 1e-6) -> tuple[dict, dict]:
+    """Run the protocol of the module docstring for one (α, seed, M).
+
+    Returns
+    -------
+    result : JSON-ready dict (deterministic given the inputs and the seed)
+    seconds : {"partition", "full", "selection"} wall time of the parts (not in ``result``)
+
+    Parameters
+    ----------
+    domains : list of :class:`fedalign.partition.Domain`
+    alpha : Dirichlet concentration (None: domain shift only)
+    taus : τ values (0 is the unaligned baseline and is always included)
+    heads : list of :class:`HeadSpec` or labels (default :data:`DEFAULT_HEADS`)
+    """
+    from fedalign.partition import check_compatible, make_partition
+
+    t0 = time.perf_counter()
+    heads = [h if isinstance(h, HeadSpec) else HeadSpec.parse(h) for h in (heads or DEFAULT_HEADS)]
+    taus = sorted({0.0, *map(float, taus)})
+    C = check_compatible(domains)
+    part = make_partition(domains, alpha, seed, test_fraction, clients_per_domain,
+                          min_client_size=min_client_size, exclude_small=True)
+    by = {d.name: d for d in domains}
+    full, fit, val = {}, {}, {}
+    for k, (name, (dom, idx)) in enumerate(part.clients.items()):
+        X, y = by[dom].X[idx], by[dom].y[idx]
+        full[name] = (dom, X, y)
+        f, v = validation_split(y, val_fraction, [seed, k, 1], min_client_size)
+        fit[name] = (dom, X[f], y[f])
+        val[name] = (dom, X[v], y[v])
+    tests = {d: (by[d].X[idx], by[d].y[idx]) for d, idx in part.tests.items()}
+    vals = {}
+    for name, (dom, X, y) in val.items():
+        if len(y):
+            Xo, yo = vals.get(dom, (np.zeros((0, X.shape[1]), np.float32), np.zeros(0, np.int64)))
+            vals[dom] = (np.concatenate([Xo, X]), np.concatenate([yo, y]))
+    t1 = time.perf_counter()
+    fed_full = Federation(full, tol)
+    test_scores = fed_full.score(heads, tests, taus, C, seed)
+    t2 = time.perf_counter()
+    fed_sel = Federation(fit, tol)
+    val_scores = fed_sel.score(heads, vals, taus, C, seed, balanced=True)
+    t3 = time.perf_counter()
+
+    from fedalign.evaluate import _json_safe
+
+    results = {}
+    for h in heads:
+        test = test_scores[h.label]["acc"]
+        valid = val_scores[h.label]["acc"]
+        sel = select_tau({t: _macro(valid[t]) for t in taus})
+        oracle = select_tau({t: _macro(test[t]) for t in taus})
+        results[h.label] = dict(
+            method=h.method, variant=h.variant,
+            params=_json_safe(_config_dict(h.config())),
+            test={f"{t:g}": test[t] for t in taus},
+            validation={f"{t:g}": valid[t] for t in taus},
+            info={f"{t:g}": _json_safe(test_scores[h.label]["info"][t]) for t in taus},
+            selected_tau=sel, oracle_tau=oracle)
+    mapped = set(fed_full.domain_maps)
+    return dict(
+        producer="fedalign federation",
+        protocol=dict(alpha=alpha, seed=seed, clients_per_domain=clients_per_domain,
+                      test_fraction=test_fraction, val_fraction=val_fraction,
+                      min_client_size=min_client_size, redraws=0, barycenter_tol=tol,
+                      barycenter_weights="samples", taus=taus, head_seed=seed,
+                      tau_selection=("macro over domains of the class-balanced validation accuracy "
+                                     "of the selection federation; ties → the smaller τ")),
+        domains=[d.name for d in domains], class_names=list(domains[0].class_names),
+        domain_rows={d.name: int(len(d.y)) for d in domains},
+        participation=dict(part.participation(), taking_part=len(part.clients),
+                           rows={n: int(len(v[2])) for n, v in full.items()},
+                           validation_rows={n: int(len(v[2])) for n, v in val.items()}),
+        test_rows={d: int(len(y)) for d, (_, y) in tests.items()},
+        unmapped_domains=[d for d in tests if d not in mapped],
+        barycenter=dict(full=fed_full.reference.meta["convergence"],
+                        selection=fed_sel.reference.meta["convergence"]),
+        heads=results,
+    ), dict(partition=t1 - t0, full=t2 - t1, selection=t3 - t2)
+
+
+def _config_dict(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,14 @@
+"""Across sites: SLOT-Align and DeFed-GMM-DaDiL as a Flower app (``pip install 'fedalign[flower]'``).
+
+- :mod:`fedalign.flower.server_app` — ``app``, the ServerApp (``@app.main()``): the SLOT-Align
+  server (barycenter, global heads) and the DeFed gossip relay (a mailbox of atoms);
+- :mod:`fedalign.flower.client_app` — ``app``, the ClientApp: one handler per message type;
+- :mod:`fedalign.flower.handlers` — what a node computes from its own files (no Flower);
+- :mod:`fedalign.flower.messages` — payloads ↔ ``RecordDict``, reply checks, byte counts;
+- :mod:`fedalign.flower.compare` — the Flower run against the file pipeline;
+- :mod:`fedalign.flower._lib` — every library function the app calls.
+
+The Flower project folder is ``examples/flower/`` (its ``pyproject.toml`` names these apps);
+``examples/flower/run_local.sh N`` runs both methods on a local SuperLink and N SuperNodes.
+Importing this package does not import Flower.
+"""

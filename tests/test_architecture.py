@@ -1,0 +1,174 @@
+"""The layout of the package: the library never imports the CLI, each room imports only the
+rooms it may (docs/architecture.md), and a long module is justified there as one concept."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import fedalign
+
+ROOT = Path(fedalign.__file__).parent
+DOC = ROOT.parent / "docs" / "architecture.md"
+#: Lines above which a library module must be justified in docs/architecture.md.
+MAX_LINES = 450
+
+
+def _imports(tree: ast.AST, package: str) -> set:
+    """Absolute names of the modules a module imports (relative imports resolved)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def _library_files() -> list:
+    """Every module outside ``cli/`` (``__main__.py`` is the CLI's entry point)."""
+    return sorted(p for p in ROOT.rglob("*.py")
+                  if "cli" not in p.relative_to(ROOT).parts and p.name != "__main__.py")
+
+
+def _module_imports(p: Path) -> set:
+    """Imports of a module, and the module names it spells in strings (import_module)."""
+    package = ".".join(p.relative_to(ROOT.parent).parts[:-1])
+    tree = ast.parse(p.read_text())
+    strings = {n.value for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and re.fullmatch(r"fedalign(\.\w+)+", n.value)}
+    return _imports(tree, package) | strings
+
+
+def _name(p: Path) -> str:
+    return ".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_library_modules_never_import_the_cli():
+    files = _library_files()
+    assert ROOT / "dadil" / "evaluation.py" in files and ROOT / "evaluate.py" in files
+    bad = [str(p.relative_to(ROOT)) for p in files
+           if any(n == "fedalign.cli" or n.startswith("fedalign.cli.") for n in _module_imports(p))]
+    assert bad == []
+
+
+def test_import_checker_sees_relative_and_absolute_cli_imports():
+    src = "from .cli import app\nimport fedalign.cli.app\nfrom . import cli\n"
+    names = _imports(ast.parse(src), "fedalign")
+    assert {"fedalign.cli", "fedalign.cli.app"} <= names
+
+
+#: What a room may import from the rest of fedalign (besides itself), as written in
+#: docs/architecture.md. ``fedalign.evaluate`` is the shared result type of ``evaluate``
+#: (MethodResult, mean_std), imported lazily by DaDiL's evaluation.
+ALLOWED = {
+    "fedalign.defaults": set(),
+    "fedalign.errors": set(),
+    "fedalign.dadil": {"fedalign.errors", "fedalign.files", "fedalign.gmm", "fedalign.threads",
+                       "fedalign.defaults", "fedalign.evaluate", "fedalign.metrics"},
+    "fedalign.metrics": {"fedalign.errors"},
+    "fedalign.threads": {"fedalign.errors", "fedalign.defaults"},
+    "fedalign.gaussian": {"fedalign.errors", "fedalign.linalg", "fedalign._bures_fixed_point",
+                          "fedalign.backend"},
+    "fedalign._bures_fixed_point": {"fedalign.errors", "fedalign.linalg", "fedalign.backend"},
+    "fedalign.linalg": {"fedalign.errors", "fedalign.backend"},
+    "fedalign.backend": {"fedalign.errors"},
+}
+
+
+def _room_of(name: str, rooms) -> str | None:
+    best = None
+    for r in rooms:
+        if name == r or name.startswith(r + "."):
+            best = r if best is None or len(r) > len(best) else best
+    return best
+
+
+def test_rooms_import_only_what_they_may():
+    bad = []
+    for p in _library_files():
+        name = _name(p)
+        room = _room_of(name, ALLOWED)
+        if room is None:
+            continue
+        for imp in _module_imports(p):
+            if not imp.startswith("fedalign.") or _room_of(imp, [room]) == room:
+                continue
+            target = ".".join(imp.split(".")[:2])   # fedalign.<module or package>
+            if target not in ALLOWED[room] and imp not in ALLOWED[room]:
+                bad.append(f"{name} imports {imp}")
+    assert sorted(set(bad)) == []
+
+
+def test_dadil_rooms_import_only_rooms_above_them():
+    """Inside fedalign.dadil, the order of docs/architecture.md (and of the package docstring)
+    is a layering: a room imports only rooms listed before it."""
+    order = ["distances", "barycenter", "atoms", "gradients", "optim", "dictionary", "state",
+             "gossip", "simulation", "consensus", "classifiers", "evaluation", "envelope"]
+    bad = []
+    for i, room in enumerate(order):
+        p = ROOT / "dadil" / f"{room}.py"
+        for imp in _module_imports(p):
+            parts = imp.split(".")
+            if parts[:2] == ["fedalign", "dadil"] and len(parts) > 2 and parts[2] in order:
+                if order.index(parts[2]) >= i:
+                    bad.append(f"{room} imports {parts[2]}")
+    assert sorted(set(bad)) == []
+    listed = sorted(p.stem for p in (ROOT / "dadil").glob("*.py") if p.stem != "__init__")
+    assert listed == sorted(order)
+
+
+def test_long_modules_are_justified_in_the_architecture_page():
+    text = DOC.read_text()
+    section = text.partition("## Modules over 450 lines")[2].partition("\n## ")[0]
+    justified = set(re.findall(r"`(fedalign/[\w/]+\.py)`", section))
+    long = {str(p.relative_to(ROOT.parent)) for p in _library_files()
+            if len(p.read_text().splitlines()) > MAX_LINES}
+    assert long - justified == set(), "over 450 lines and not justified in docs/architecture.md"
+    assert justified - long == set(), "justified in docs/architecture.md but no longer long"
+
+
+def test_every_dadil_room_has_a_paragraph():
+    text = DOC.read_text()
+    for p in sorted((ROOT / "dadil").glob("*.py")):
+        if p.stem != "__init__":
+            assert f"`fedalign.dadil.{p.stem}`" in text, p.stem
+
+
+def test_readme_library_example_runs(tmp_path, monkeypatch):
+    """The README's "Library" section: its example runs as written and the target scores."""
+    import contextlib
+    import io
+
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.partition("\n## Library\n")[2].partition("\n## ")[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 11
+    for room in ("fedalign.dadil", "docs/architecture.md"):
+        assert room in section
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    assert float(out.getvalue()) >= 0.9
+    assert sorted(p.name for p in (tmp_path / "fed" / "state").iterdir()) == [
+        "a.state.npz", "b.state.npz", "t.state.npz"]
+
+
+def test_dadil_has_one_numpy_implementation_per_algorithm():
+    """No torch in fedalign.dadil (the autograd twins are tests/dadil_torch_reference.py), and
+    no second barycenter builder or numpy/torch pair of names."""
+    for p in sorted((ROOT / "dadil").glob("*.py")):
+        names = _module_imports(p)
+        assert not any(n == "torch" or n.startswith("torch.") for n in names), p.name
+        text = p.read_text()
+        for twin in ("_np(", "backend=", "barycenter_gmm(", "labeled_barycenter_np"):
+            assert twin not in text, (p.name, twin)

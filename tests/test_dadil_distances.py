@@ -1,0 +1,131 @@
+"""fedalign.dadil.distances: oracles against POT's GMM-OT, identities; the envelope-theorem
+gradients of the torch reference (tests/dadil_torch_reference.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+import dadil_torch_reference as ref
+from fedalign.dadil.distances import diag_w2_cost, gmm_mw2, mixture_cost, mw2, ot_plan
+from fedalign.gmm import GMM
+
+
+def rand_gmm(rng, K, d, C=None):
+    labels = rng.dirichlet(np.ones(C), size=K) if C else None
+    return (rng.dirichlet(np.ones(K)), rng.normal(size=(K, d)), rng.uniform(0.2, 2.0, (K, d)), labels)
+
+
+def full(v):
+    return np.stack([np.diag(x) for x in v])
+
+
+def test_component_cost_matches_pot_bures():
+    rng = np.random.default_rng(0)
+    _, m1, v1, _ = rand_gmm(rng, 4, 3)
+    _, m2, v2, _ = rand_gmm(rng, 5, 3)
+    ref = ot.gmm.dist_bures_squared(m1, m2, full(v1), full(v2))
+    np.testing.assert_allclose(diag_w2_cost(m1, v1, m2, v2), ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("K1,K2,d", [(3, 3, 2), (4, 6, 5), (7, 2, 3)])
+def test_mw2_matches_pot_gmm_ot_loss(K1, K2, d):
+    rng = np.random.default_rng(K1 * 10 + K2)
+    w1, m1, v1, _ = rand_gmm(rng, K1, d)
+    w2, m2, v2, _ = rand_gmm(rng, K2, d)
+    ref = ot.gmm.gmm_ot_loss(m1, m2, full(v1), full(v2), w1, w2)
+    val, plan = mw2(w1, m1, v1, w2, m2, v2, return_plan=True)
+    assert float(val) == pytest.approx(ref, rel=1e-10)
+    ref_plan = ot.gmm.gmm_ot_plan(m1, m2, full(v1), full(v2), w1, w2)
+    np.testing.assert_allclose(plan, ref_plan, atol=1e-12)
+    np.testing.assert_allclose(plan.sum(1), w1, atol=1e-12)
+
+
+def test_mw2_identity_symmetry_and_triangle():
+    rng = np.random.default_rng(1)
+    P = rand_gmm(rng, 5, 3, C=2)
+    Q = rand_gmm(rng, 4, 3, C=2)
+    R = rand_gmm(rng, 6, 3, C=2)
+    assert float(mw2(*P[:3], *P[:3])) == pytest.approx(0.0, abs=1e-12)
+    assert float(mw2(*P[:3], *P[:3], P[3], P[3])) == pytest.approx(0.0, abs=1e-12)
+    pq = float(mw2(*P[:3], *Q[:3]))
+    assert pq == pytest.approx(float(mw2(*Q[:3], *P[:3])), rel=1e-12)
+    qr, pr = float(mw2(*Q[:3], *R[:3])), float(mw2(*P[:3], *R[:3]))
+    assert np.sqrt(pr) <= np.sqrt(pq) + np.sqrt(qr) + 1e-12   # MW2 is a metric
+    # a Dirac-weight mixture: MW2 equals the W2² of two Gaussians in closed form
+    one = (np.ones(1), P[1][:1], P[2][:1])
+    two = (np.ones(1), Q[1][:1], Q[2][:1])
+    w2 = np.sum((P[1][0] - Q[1][0]) ** 2) + np.sum((np.sqrt(P[2][0]) - np.sqrt(Q[2][0])) ** 2)
+    assert float(mw2(*one, *two)) == pytest.approx(w2, rel=1e-12)
+
+
+def test_smw2_label_term_and_beta_default():
+    rng = np.random.default_rng(2)
+    w, m, v, _ = rand_gmm(rng, 4, 2)
+    L1 = np.eye(2)[[0, 0, 1, 1]]
+    L2 = np.eye(2)[[1, 1, 0, 0]]
+    Cf = diag_w2_cost(m, v, m, v)
+    C = mixture_cost(m, v, m, v, L1, L2)
+    beta = float(Cf.max())
+    np.testing.assert_allclose(C, Cf + beta * 2 * (L1 @ L2.T == 0), rtol=1e-12)
+    # swapped labels on identical features cost more than the unlabeled distance (zero)
+    assert float(mw2(w, m, v, w, m, v)) == pytest.approx(0.0, abs=1e-12)
+    assert float(mw2(w, m, v, w, m, v, L1, L2)) > 0
+    assert float(mw2(w, m, v, w, m, v, L1, L2, beta=0.0)) == pytest.approx(0.0, abs=1e-12)
+    P = GMM(w, m, v, L1)
+    Q = GMM(w, m, v, L2)
+    assert gmm_mw2(P, Q) > 0 and gmm_mw2(P, Q, labeled=False) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_plan_rows_and_columns():
+    rng = np.random.default_rng(3)
+    w1, m1, v1, L1 = rand_gmm(rng, 5, 3, C=3)
+    w2, m2, v2, L2 = rand_gmm(rng, 3, 3, C=3)
+    plan = ot_plan(w1 * 3, m1, v1, w2, m2, v2, L1, L2)      # weights are normalised
+    np.testing.assert_allclose(plan.sum(1), w1, atol=1e-12)
+    np.testing.assert_allclose(plan.sum(0), w2, atol=1e-12)
+
+
+def test_gradcheck_envelope():
+    """With a unique optimal plan, the loss is locally Σ π c(θ): autograd matches finite differences."""
+    rng = np.random.default_rng(4)
+    w1, m1, v1, L1 = rand_gmm(rng, 3, 2, C=2)
+    w2, m2, v2, L2 = rand_gmm(rng, 4, 2, C=2)
+    t = lambda a: torch.tensor(a, dtype=torch.float64, requires_grad=True)  # noqa: E731
+    inputs = (t(m1), t(v1), t(L1))
+
+    def f(m, v, L):
+        return ref.mw2(w1, m, v, w2, m2, v2, L, L2, beta=1.7)
+
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+    def g(m, v):
+        return ref.mw2(w1, m, v, w2, m2, v2)
+
+    assert torch.autograd.gradcheck(g, inputs[:2], eps=1e-6, atol=1e-6)
+
+
+def test_gradient_is_plan_weighted_cost_gradient():
+    rng = np.random.default_rng(5)
+    w1, m1, v1, _ = rand_gmm(rng, 4, 3)
+    w2, m2, v2, _ = rand_gmm(rng, 4, 3)
+    m = torch.tensor(m1, requires_grad=True)
+    loss, plan = ref.mw2(w1, m, v1, w2, m2, v2, return_plan=True)
+    loss.backward()
+    expected = 2 * (plan.sum(1)[:, None] * m1 - plan @ m2)
+    np.testing.assert_allclose(m.grad.numpy(), expected, rtol=1e-10)
+
+
+def test_numpy_and_torch_reference_agree():
+    rng = np.random.default_rng(6)
+    w1, m1, v1, L1 = rand_gmm(rng, 6, 4, C=3)
+    w2, m2, v2, L2 = rand_gmm(rng, 5, 4, C=3)
+    m = torch.tensor(m1, requires_grad=True)
+    for labs in ((None, None), (L1, L2)):
+        a, pa = ref.mw2(w1, m, v1, w2, m2, v2, *labs, return_plan=True)    # autograd reference
+        b, pb = mw2(w1, m1, v1, w2, m2, v2, *labs, return_plan=True)       # production (numpy)
+        assert a.requires_grad and isinstance(b, np.floating)
+        assert float(a.detach()) == pytest.approx(float(b), rel=1e-12)
+        np.testing.assert_array_equal(pa, pb)

@@ -1,0 +1,488 @@
+"""The Flower app's message handlers and ServerApp logic, without a network.
+
+The ServerApp's own ``run`` drives the real ClientApp through an in-process grid
+(:class:`fedalign.flower.loopback.LoopbackGrid`): real Flower messages and records, no
+SuperLink. Results are compared with the file pipeline (the CLI, in process) on the same
+files and seeds. Skipped where Flower is not installed (``pip install -e '.[flower]'``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from fedalign.cli import app as cli_app  # noqa: E402
+from fedalign.errors import FedalignError  # noqa: E402
+from fedalign.files import write_features  # noqa: E402
+from fedalign.flower import compare, handlers  # noqa: E402
+from fedalign.flower import messages as m  # noqa: E402
+from fedalign.flower.loopback import LoopbackGrid  # noqa: E402
+from fedalign.flower.messages import Payload  # noqa: E402
+from fedalign.flower.server_app import Settings, fedavg_bytes, run  # noqa: E402
+from fedalign.gmm import fit_gmm, save_gmm  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+runner = CliRunner()
+SITES = ("blocky", "ink", "neon")  # sorted: the order the server gives the clients
+TARGET = "ink"
+D, C = 6, 3
+
+
+def cli(*args):
+    r = runner.invoke(cli_app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def make_sites(root):
+    """Three domains (one client each): train/test features, a GMM per site (the target's
+    unlabeled), and the node configs."""
+    rng = np.random.default_rng(0)
+    names = ["a", "b", "c"]
+    nodes = []
+    for i, dom in enumerate(SITES):
+        shift, scale = rng.normal(size=D) * 2, 1 + 0.5 * i
+        mus = rng.normal(size=(C, D)) * 3
+
+        def draw(n):
+            y = rng.integers(0, C, n)
+            return ((mus[y] + rng.normal(size=(n, D))) * scale + shift).astype(np.float32), y
+
+        (Xtr, ytr), (Xte, yte) = draw(70 + 10 * i), draw(30)
+        tr, te = root / f"{dom}.c0.train.h5", root / f"{dom}.test.h5"
+        write_features(tr, Xtr, ytr, [f"{dom}{j}" for j in range(len(ytr))], names,
+                       dict(domain=dom, client=f"{dom}.c0"))
+        write_features(te, Xte, yte, [f"{dom}t{j}" for j in range(len(yte))], names,
+                       dict(domain=dom))
+        g = fit_gmm(Xtr, None if dom == TARGET else ytr, 2, C, seed=0, class_names=names)
+        gp = root / f"{dom}.gmm.npz"
+        save_gmm(gp, g, dict(producer="tests"))
+        cfg = dict(name=dom, dir=str(root / "nodes" / dom), train=str(tr), test=str(te), gmm=str(gp))
+        if dom == TARGET:
+            cfg["dadil-test"] = str(te)
+        nodes.append(cfg)
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sites")
+    return root, make_sites(root)
+
+
+@pytest.fixture
+def fresh_sites(tmp_path):
+    return tmp_path, make_sites(tmp_path)
+
+
+def file_slot(root, nodes, out, heads, seeds, params=()):
+    """SLOT-Align through the file pipeline (the CLI), as the quick start's Makefile runs it."""
+    out.mkdir(parents=True, exist_ok=True)
+    for n in nodes:
+        cli("stats", n["train"], "-o", out / f"{n['name']}.stats.npz")
+    cli("barycenter", *[out / f"{n['name']}.stats.npz" for n in nodes], "-o", out / "ref.npz")
+    for n in nodes:
+        c = n["name"]
+        cli("align", "--tau", 0.4, n["train"], out / "ref.npz", "--stats", out / f"{c}.stats.npz",
+            "-o", out / f"{c}.c0.train.h5", "--save-map", out / f"{c}.map.npz")
+        cli("align", "--tau", 0.4, "--map", out / f"{c}.map.npz", n["test"], "-o", out / f"{c}.test.h5")
+    args = [a for h in heads for a in ("-m", h)] + [a for p in params for a in ("--param", p)]
+    cli("evaluate", *args, "--seeds", seeds, "--train", *[out / f"{n['name']}.c0.train.h5" for n in nodes],
+        "--test", *[out / f"{n['name']}.test.h5" for n in nodes], "--json", out / "slot.json")
+
+
+def file_defed(nodes, fed, rounds, strategy, steps=2, K=6, skip=None):
+    """DeFed-GMM-DaDiL through ``fedalign dadil-round`` (one federation folder).
+
+    ``skip``: {round t: client} — that client's round-t atoms file is removed after the
+    round and the client takes no further part (a dropped node)."""
+    from fedalign.dadil import federation_paths
+
+    gone = set()
+    for n in nodes:
+        sp, ap = federation_paths(fed, n["name"], 0)
+        sp.parent.mkdir(parents=True, exist_ok=True)
+        ap.parent.mkdir(parents=True, exist_ok=True)
+        cli("dadil-round", "--init", "--client", n["name"], "--gmm", n["gmm"], "--state", sp,
+            "-o", ap, "--n-components", K)
+    for t in range(1, rounds + 1):
+        (fed / f"round_{t:03d}").mkdir()
+        prev = sorted((fed / f"round_{t - 1:03d}").glob("*.atoms.npz"))
+        for n in nodes:
+            if n["name"] in gone:
+                continue
+            sp, ap = federation_paths(fed, n["name"], t)
+            cli("dadil-round", "--state", sp, "--strategy", strategy, "--local-steps", steps,
+                "--client", n["name"], "-o", ap, *prev)
+        if skip and t in skip:
+            gone.add(skip[t])
+            federation_paths(fed, skip[t], t)[1].unlink()
+
+
+def node_fed(nodes, name, fed):
+    return next(handlers.Node.from_config(n) for n in nodes if n["name"] == name).dir / "dadil" / fed
+
+
+# --------------------------------------------------------------------------------------------
+# Payloads and records
+# --------------------------------------------------------------------------------------------
+
+
+def test_payload_round_trip_is_exact_and_counted():
+    rng = np.random.default_rng(1)
+    p = Payload({"stats": {"mean": rng.normal(size=5), "covariance": rng.normal(size=(5, 5))},
+                 "msg/fedpft/s0/r0": {"means": rng.normal(size=(3, 2)).astype(np.float16),
+                                      "counts": np.arange(3), "n": np.int64(7)}},
+                dict(client="ink", names=["a", "b"], nested={"x": [1, 2.5]}))
+    rd = m.to_recorddict(p)
+    q = m.from_recorddict(rd)
+    assert q.config == p.config
+    for g, arrays in p.arrays.items():
+        for k, a in arrays.items():
+            b = q.arrays[g][k]
+            assert b.dtype == np.asarray(a).dtype and b.shape == np.asarray(a).shape
+            assert np.array_equal(b, a)
+    raw = sum(np.asarray(a).nbytes for g in p.arrays.values() for a in g.values())
+    assert m.payload_bytes(rd) == sum(r.count_bytes() for r in rd.values())
+    assert raw < m.payload_bytes(rd) < raw + 2000  # .npy headers and keys only
+
+
+def test_check_arrays_names_the_node_and_the_problem():
+    good = {"mean": np.zeros(3), "covariance": np.eye(3)}
+    spec = {"mean": (3,), "covariance": (3, 3)}
+    assert set(m.check_arrays("ink (node 7)", "stats", good, spec)) == set(spec)
+    with pytest.raises(m.NodeReplyError, match=r"node ink \(node 7\): stats reply: 'covariance' has "
+                                               r"shape \(2, 2\), expected \(3, 3\)"):
+        m.check_arrays("ink (node 7)", "stats", dict(good, covariance=np.eye(2)), spec)
+    with pytest.raises(m.NodeReplyError, match="'mean' has 1 NaN/Inf value$"):
+        m.check_arrays("ink (node 7)", "stats", dict(good, mean=np.array([0, np.nan, 0])), spec)
+    with pytest.raises(m.NodeReplyError, match="has no 'mean'"):
+        m.check_arrays("ink", "stats", {"covariance": np.eye(3)}, spec)
+
+
+def test_settings_from_run_config():
+    s = Settings.from_run_config({"method": "defed", "out": "/tmp/x", "min-clients": "3",
+                                  "local-steps": 2, "fresh": "true"})
+    assert (s.method, s.min_clients, s.local_steps, s.fresh) == ("defed", 3, 2, True)
+    with pytest.raises(FedalignError, match="unknown run config key 'bogus'"):
+        Settings.from_run_config({"out": "/x", "bogus": 1})
+    with pytest.raises(FedalignError, match="out='FOLDER'"):
+        Settings.from_run_config({})
+    with pytest.raises(FedalignError, match="method must be slot or defed"):
+        Settings.from_run_config({"out": "/x", "method": "fedavg"})
+
+
+def test_project_config_lists_every_setting():
+    import dataclasses
+    import tomllib
+    from pathlib import Path
+
+    pp = Path(__file__).resolve().parents[1] / "examples" / "flower" / "pyproject.toml"
+    cfg = tomllib.loads(pp.read_text())["tool"]["flwr"]
+    assert cfg["app"]["components"] == {"serverapp": "fedalign.flower.server_app:app",
+                                        "clientapp": "fedalign.flower.client_app:app"}
+    keys = {k.replace("-", "_") for k in cfg["app"]["config"]}
+    assert keys == {f.name for f in dataclasses.fields(Settings)}
+    s = Settings.from_run_config(dict(cfg["app"]["config"], out="/x"))
+    assert s == Settings(out="/x")
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers on one node
+# --------------------------------------------------------------------------------------------
+
+
+def test_stats_handler_sends_aggregates_only(sites):
+    from fedalign.stats import compute_stats
+
+    _, nodes = sites
+    node = handlers.Node.from_config(nodes[0])
+    r = handlers.stats(Payload({}, {}), node)
+    st = compute_stats(nodes[0]["train"])
+    assert set(r.arrays) == {"stats"} and set(r.arrays["stats"]) == {"mean", "covariance"}
+    assert np.array_equal(r.arrays["stats"]["mean"], st.mean)
+    assert np.array_equal(r.arrays["stats"]["covariance"], st.covariance)
+    assert r.config["n"] == st.n and r.config["d"] == D and r.config["class_names"] == ["a", "b", "c"]
+
+
+def test_node_config_errors_are_one_line():
+    with pytest.raises(FedalignError, match="no name="):
+        handlers.Node.from_config({"dir": "/x"})
+    with pytest.raises(FedalignError, match="node ink: the node config has no dir="):
+        handlers.Node.from_config({"name": "ink"})
+    with pytest.raises(FedalignError, match="node ink: this run needs train="):
+        handlers.stats(Payload(), handlers.Node.from_config({"name": "ink", "dir": "/tmp/x"}))
+    with pytest.raises(FedalignError, match="invalid client id"):
+        handlers.Node.from_config({"name": "a b", "dir": "/x"})
+
+
+def test_client_app_answers_bad_input_with_an_error_record(tmp_path):
+    from flwr.app import Context, Message, RecordDict
+
+    from fedalign.flower.client_app import app
+
+    LoopbackGrid([])  # sets the task identity messages are built from
+    ctx = Context(1, 5, {"name": "ink", "dir": str(tmp_path), "train": str(tmp_path / "no.h5")},
+                  RecordDict(), {})
+    msg = Message(m.to_recorddict(Payload()), dst_node_id=5, message_type=m.STATS)
+    reply = app(msg, ctx)
+    p = m.from_recorddict(reply.content)
+    assert p.config["client"] == "ink" and "no.h5" in p.config["error"]
+    assert "\n" not in p.config["error"]
+
+
+# --------------------------------------------------------------------------------------------
+# SLOT-Align: equal to the file pipeline
+# --------------------------------------------------------------------------------------------
+
+
+HEADS = ("fedcgs", "fed3r")
+
+
+def test_slot_equals_the_file_pipeline(sites):
+    root, nodes = sites
+    out = root / "flower-slot"
+    grid = LoopbackGrid(nodes)
+    rep = run(grid, dict(method="slot", out=str(out), heads=",".join(HEADS), seeds="0-1"), say=lambda *_: None)
+    file_slot(root, nodes, root / "files-slot", HEADS, "0-1")
+    ok, line = compare.compare_references(out / "ref.npz", root / "files-slot" / "ref.npz")
+    assert ok, line
+    ok, line = compare.compare_reports(out / "slot.json", root / "files-slot" / "slot.json")
+    assert ok, line
+    # the nodes' aligned files are the file pipeline's, number for number
+    from fedalign.files import read_features
+
+    for n in nodes:
+        node = handlers.Node.from_config(n)
+        for what, twin in (("train", f"{n['name']}.c0.train.h5"), ("test", f"{n['name']}.test.h5")):
+            X1, y1, _ = read_features(node.slot_path(what))
+            X2, y2, _ = read_features(root / "files-slot" / twin)
+            assert np.array_equal(X1, X2) and np.array_equal(y1, y2)
+    # three exchanges; bytes per client: the stats message is n, mean, covariance (+ keys)
+    assert [t for _, t, _, _ in grid.log[::3]] == [m.STATS, m.HEADS, m.EVALUATE]
+    comm = rep["communication"]["per_client"]["ink"]
+    assert 8 * (D + D * D) < comm["slot-align"]["received"] < 8 * (D + D * D) + 1000
+    assert comm["slot-align"]["sent"] > 8 * (D + D * D)  # the reference, broadcast
+    assert {"fedcgs", "fed3r"} <= set(comm)
+    fa = rep["communication"]["fedavg_linear_head"]
+    assert fa["per_round"] == fedavg_bytes(C, D) and fa["per_round"]["sent"] > 4 * C * (D + 1)
+    assert rep["warnings"] == [] and rep["domains"] == list(SITES)
+
+
+@pytest.mark.slow
+def test_slot_all_heads_equal_the_file_pipeline(sites):
+    root, nodes = sites
+    heads = ("fedcgs", "fedpft", "fed3r", "ofedavg")
+    params = ("ofedavg.epochs=2", "ofedavg.min_steps=5", "fedpft.epochs=2")
+    out = root / "flower-all"
+    run(LoopbackGrid(nodes), dict(method="slot", out=str(out), heads=",".join(heads), seeds="0-1",
+                                  params=" ".join(params)), say=lambda *_: None)
+    file_slot(root, nodes, root / "files-all", heads, "0-1", params)
+    for ok, line in (compare.compare_references(out / "ref.npz", root / "files-all" / "ref.npz"),
+                     compare.compare_reports(out / "slot.json", root / "files-all" / "slot.json")):
+        assert ok, line
+
+
+def test_slot_refuses_the_centralized_head(sites):
+    root, nodes = sites
+    with pytest.raises(FedalignError, match="centralized is not available across sites"):
+        run(LoopbackGrid(nodes), dict(method="slot", out=str(root / "x"), heads="centralized"))
+
+
+def test_slot_node_that_drops_out_is_skipped_with_a_warning(fresh_sites):
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    neon = 1003
+    grid.tamper = lambda nid, mtype, reply: None if (nid == neon and mtype == m.HEADS) else reply
+    said = []
+    rep = run(grid, dict(method="slot", out=str(root / "o"), heads="fedcgs", timeout=0.5),
+              say=said.append)
+    assert rep["domains"] == ["blocky", "ink"]
+    assert any("node neon (node 1003): no reply to train.heads" in w and "dropped" in w
+               for w in rep["warnings"])
+    assert any(x.startswith("WARNING: node neon") for x in said)
+    with pytest.raises(FedalignError, match="fewer than min-clients=3.*node neon"):
+        run(grid, dict(method="slot", out=str(root / "o2"), heads="fedcgs", timeout=0.5,
+                       **{"min-clients": 3}), say=lambda *_: None)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda a: a["stats"].update(mean=np.full_like(a["stats"]["mean"], np.nan)),
+     "stats reply: 'mean' has 6 NaN/Inf values"),
+    (lambda a: a["stats"].update(covariance=np.eye(4)),
+     r"stats reply: 'covariance' has shape \(4, 4\), expected \(6, 6\)"),
+    (lambda a: a["stats"].update(covariance=-np.eye(D)), "stats reply: .*covariance"),
+])
+def test_slot_bad_reply_is_rejected_naming_the_node(sites, bad, message):
+    root, nodes = sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if nid == 1001 and mtype == m.STATS:
+            p = m.from_recorddict(reply.content)
+            bad(p.arrays)
+            reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    with pytest.raises(FedalignError, match=f"node blocky \\(node 1001\\): {message}"):
+        run(grid, dict(method="slot", out=str(root / "bad"), heads="fedcgs", **{"min-clients": 3}),
+            say=lambda *_: None)
+    rep = run(grid, dict(method="slot", out=str(root / "bad2"), heads="fedcgs"), say=lambda *_: None)
+    assert rep["domains"] == ["ink", "neon"] and len(rep["warnings"]) == 1
+
+
+def test_slot_head_message_with_nan_is_rejected(sites):
+    root, nodes = sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if nid == 1003 and mtype == m.HEADS:
+            p = m.from_recorddict(reply.content)
+            p.arrays["msg/fed3r/s0/r0"]["G"][0, 0] = np.inf
+            reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    with pytest.raises(FedalignError, match=r"node neon \(node 1003\): fed3r \(seed 0\) reply: 'G' "
+                                            r"has 1 NaN/Inf value"):
+        run(grid, dict(method="slot", out=str(root / "nan"), heads="fed3r", **{"min-clients": 3}),
+            say=lambda *_: None)
+
+
+# --------------------------------------------------------------------------------------------
+# DeFed-GMM-DaDiL: relayed gossip equal to the file pipeline
+# --------------------------------------------------------------------------------------------
+
+
+def defed(grid, root, **kw):
+    cfg = dict(method="defed", out=str(root / "flower-defed"), rounds=2, local_steps=2,
+               n_components=6)
+    cfg.update(kw)
+    return run(grid, {k.replace("_", "-"): v for k, v in cfg.items()}, say=lambda *_: None)
+
+
+@pytest.mark.parametrize("strategy", ["replacement", "aggregation"])
+def test_defed_equals_the_file_pipeline(fresh_sites, strategy):
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    rep = defed(grid, root, strategy=strategy, rounds=3)
+    file_defed(nodes, root / "files" / strategy, 3, strategy)
+    for n in nodes:
+        ok, line = compare.compare_federations(node_fed(nodes, n["name"], strategy),
+                                               root / "files" / strategy)
+        assert ok, line
+        assert "(5 of 5 byte for byte)" in line  # its state and its atoms of rounds 0-3
+    # the server forwarded to each client only the atoms of the peers it named
+    for nid, mtype, msg, reply in grid.log:
+        if mtype == m.DADIL_ROUND:
+            p = m.from_recorddict(msg.content)
+            sent = sorted(k[len("peer/"):] for k in p.arrays)
+            assert sent == sorted(m.from_recorddict(reply.content).config["peers"])
+            assert len(sent) == {"replacement": 1, "aggregation": 2}[strategy]
+            assert all(set(a) == {"means", "variances", "label_logits"} for a in p.arrays.values())
+    # the target's evaluation equals dadil-evaluate on the file pipeline's state
+    r = cli("dadil-evaluate", "--test", nodes[1]["dadil-test"], "--state",
+            f"{strategy}={root / 'files' / strategy / 'state' / 'ink.state.npz'}",
+            "--json", root / "files" / "ev.json")
+    assert r.exit_code == 0
+    ev = json.loads((root / "files" / "ev.json").read_text())
+    assert rep["summary"] == ev["summary"] and rep["targets"]["ink"]["accuracy"] == ev["accuracy"]
+    assert "defed" in rep["communication"]["per_client"]["ink"]
+
+
+def test_defed_resumes_after_a_server_restart(fresh_sites):
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    rep1 = defed(grid, root, rounds=1)
+    rep2 = defed(grid, root, rounds=3)  # a new ServerApp: it knows nothing but the nodes
+    assert not rep1["resumed"] and rep2["resumed"] and rep2["started_at_round"] == 1
+    file_defed(nodes, root / "files" / "aggregation", 3, "aggregation")
+    for n in nodes:
+        ok, line = compare.compare_federations(node_fed(nodes, n["name"], "aggregation"),
+                                               root / "files" / "aggregation")
+        assert ok, line
+    rep3 = defed(grid, root, rounds=3)  # nothing left to do: the target evaluates only
+    assert rep3["started_at_round"] == 3 and rep3["summary"] == rep2["summary"]
+
+
+def test_defed_resumes_a_round_interrupted_half_way(fresh_sites):
+    """Server stops after some clients finished round 2: the others catch up."""
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    defed(grid, root, rounds=1)
+    # round 2 done by blocky only (as if the server had stopped before the others' replies)
+    from fedalign.flower import _lib
+
+    b = handlers.Node.from_config(nodes[0])
+    sp, ap = b.dadil_paths("aggregation", 2)
+    ap.parent.mkdir(parents=True, exist_ok=True)
+    st = _lib.load_state(sp)
+    peers = _lib.draw_peers(st, ["blocky", "ink", "neon"], "aggregation")
+    fwd = {p: _lib.load_atoms(node_fed(nodes, p, "aggregation") / "round_001" / f"{p}.atoms.npz")
+           for p in peers}
+    _lib.relay_round(sp, ap, "aggregation", 2, "blocky", nodes[0]["gmm"], ["blocky", "ink", "neon"], fwd)
+    defed(grid, root, rounds=3)
+    file_defed(nodes, root / "files" / "aggregation", 3, "aggregation")
+    for n in nodes:
+        ok, line = compare.compare_federations(node_fed(nodes, n["name"], "aggregation"),
+                                               root / "files" / "aggregation")
+        assert ok, line
+
+
+def test_defed_missing_peer_is_skipped(fresh_sites):
+    """neon's round-2 reply never arrives: the others go on without it, as the file pipeline
+    does when a peer's atoms file is missing."""
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    calls = {"n": 0}
+
+    def tamper(nid, mtype, reply):
+        if nid == 1003 and mtype == m.DADIL_ROUND:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                return None
+        return reply
+
+    grid.tamper = tamper
+    rep = defed(grid, root, strategy="replacement", rounds=4, timeout=0.5)
+    assert rep["clients"] == ["blocky", "ink"]
+    assert any("node neon (node 1003): no reply to train.dadil_round" in w for w in rep["warnings"])
+    file_defed(nodes, root / "files" / "replacement", 4, "replacement", skip={2: "neon"})
+    for c in ("blocky", "ink"):
+        ok, line = compare.compare_federations(node_fed(nodes, c, "replacement"),
+                                               root / "files" / "replacement")
+        assert ok, line
+
+
+def test_defed_bad_atoms_are_rejected_naming_the_node(fresh_sites):
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if nid == 1002 and mtype == m.DADIL_ROUND:
+            p = m.from_recorddict(reply.content)
+            p.arrays["atoms"]["variances"][0, 0, 0] = np.nan
+            reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    with pytest.raises(FedalignError, match=r"node ink \(node 1002\): round 1 atoms reply: "
+                                            r"'variances' has 1 NaN/Inf value"):
+        defed(grid, root, **{"min-clients": 3})
+
+
+def test_defed_refuses_states_of_other_federations_mixed(fresh_sites):
+    root, nodes = fresh_sites
+    defed(LoopbackGrid(nodes[:2]), root, rounds=1)
+    with pytest.raises(FedalignError, match="clients neon have no state .* fresh=true"):
+        defed(LoopbackGrid(nodes), root, rounds=2)
+    rep = defed(LoopbackGrid(nodes), root, rounds=1, fresh=True)
+    assert rep["clients"] == list(SITES) and not rep["resumed"]

@@ -1,0 +1,66 @@
+"""fedalign.cli.options: the shared option declarations and the parsers of option text."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from typer.testing import CliRunner
+
+from fedalign import align, defaults, files, threads
+from fedalign.cli import app
+from fedalign.cli.options import parse_alpha, parse_params, parse_seeds, parse_shrinkage
+from fedalign.errors import FedalignError
+
+runner = CliRunner()
+
+
+def test_parse_seeds_ranges_lists_and_errors():
+    assert parse_seeds(["0-2", "5", "1,7"]) == [0, 1, 2, 5, 7]
+    assert parse_seeds(["-1"]) == [-1]
+    with pytest.raises(FedalignError, match="--seeds: expected integers"):
+        parse_seeds(["a"])
+    with pytest.raises(FedalignError, match="--seeds: give at least one seed"):
+        parse_seeds([])
+    with pytest.raises(FedalignError, match="--eval-seeds: expected"):
+        parse_seeds(["x"], flag="--eval-seeds")
+
+
+def test_parse_params_shrinkage_alpha():
+    assert parse_params(["fedpft.epochs=5", "ofedavg.lr=0.1"]) == {"fedpft": {"epochs": "5"},
+                                                                   "ofedavg": {"lr": "0.1"}}
+    with pytest.raises(FedalignError, match="--param must look like METHOD.KEY=VALUE"):
+        parse_params(["epochs=5"])
+    assert parse_shrinkage("auto") == "auto" and parse_shrinkage(" None ") == "none"
+    assert parse_shrinkage("0.25") == 0.25
+    for bad, msg in (("x", "auto, none or a number"), ("1.5", "in \\[0, 1\\]")):
+        with pytest.raises(FedalignError, match=f"--shrinkage must be {msg}"):
+            parse_shrinkage(bad)
+    assert parse_alpha("none") is None and parse_alpha("inf") is None and parse_alpha(None) is None
+    assert parse_alpha("0.1") == 0.1
+    for bad in ("0", "-1", "nan", "x"):
+        with pytest.raises(FedalignError, match="--alpha must be a positive number or 'none'"):
+            parse_alpha(bad)
+
+
+def test_defaults_are_the_library_constants():
+    """One home per default: the CLI's --tau, --chunk-rows, --threads and the library's."""
+    assert align.DEFAULT_TAU == defaults.TAU
+    assert files.DEFAULT_CHUNK_ROWS == defaults.CHUNK_ROWS
+    assert threads.DEFAULT_THREADS == defaults.THREADS
+    from fedalign.stats import compute_stats
+
+    assert inspect.signature(compute_stats).parameters["chunk_rows"].default == defaults.CHUNK_ROWS
+    assert inspect.signature(align.align_file).parameters["chunk_rows"].default == defaults.CHUNK_ROWS
+    r = runner.invoke(app, ["align", "--help"])
+    assert f"[default: {defaults.TAU}]" in r.stdout
+    assert f"[default: {defaults.CHUNK_ROWS}; ≥ 1]" in r.stdout
+    for cmd in ("dadil-round", "consensus", "dadil-evaluate", "dadil-envelope"):
+        r = runner.invoke(app, [cmd, "--help"])
+        assert "--threads INT" in r.stdout and f"[default: {defaults.THREADS}; ≥ 1]" in r.stdout
+
+
+def test_bad_shrinkage_names_the_flag(feature_file, tmp_path):
+    p, _, _ = feature_file()
+    r = runner.invoke(app, ["stats", str(p), "-o", str(tmp_path / "s.npz"), "--shrinkage", "2"])
+    assert r.exit_code == 2 and "--shrinkage must be in [0, 1]" in r.output

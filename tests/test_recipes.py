@@ -1,0 +1,135 @@
+"""The reproduction recipes take a user's own features with one variable (DOMAINS=…).
+
+examples/slot/Makefile (``FEATURES_DIR=… DOMAINS=…`` or ``DATASETS=mydata mydata_DOMAINS=…``)
+and examples/dadil/Makefile (``lodo FEATURES_DIR=… DOMAINS=…``) are dry-run (``make -n``) on a
+generated 3-domain features folder, and their scripts are run far enough to read every flag the
+recipe gives them (a missing domain file stops them after parsing, before any work); the real
+runs on the tiny folder are marked slow.
+"""
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import make_features
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOT, DADIL = ROOT / "examples" / "slot", ROOT / "examples" / "dadil"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+@pytest.fixture
+def mydata(tmp_path):
+    """tmp_path/feats/mydata/{a,b,c}.h5: three small labeled domains."""
+    folder = tmp_path / "feats" / "mydata"
+    folder.mkdir(parents=True)
+    for i, dom in enumerate("abc"):
+        make_features(folder / f"{dom}.h5", n=90, d=6, seed=i, shift=0.5 * i)
+    return folder
+
+
+def make(folder, *args, dry=True, check=True):
+    cmd = ["make", "--no-print-directory", "-C", str(folder)] + (["-n"] if dry else []) + list(args)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if check:
+        assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def command_with(out: str, word: str) -> list:
+    """The first dry-run command line containing ``word``, split into words."""
+    text = out.replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if word in ln)
+    return shlex.split(line)
+
+
+def flag(words, name):
+    i = words.index(name)
+    vals = []
+    for w in words[i + 1:]:
+        if w.startswith("-"):
+            break
+        vals.append(w)
+    return vals
+
+
+def test_slot_recipe_takes_a_features_folder_and_domains(mydata, tmp_path):
+    work = tmp_path / "work"
+    own = make(SLOT, "results", f"FEATURES_DIR={mydata}/", "DOMAINS=a, b,c", f"WORK={work}")
+    grid = command_with(own.stdout, "run_grid.py")
+    assert flag(grid, "--features") == [str(mydata.parent)]
+    assert flag(grid, "--datasets") == ["mydata"]
+    assert flag(grid, "--domains") == ["mydata=a,b,c"]
+    assert flag(grid, "-o") == [str(work / "grid")]
+    results = command_with(own.stdout, "make_results.py")
+    assert flag(results, "-o") == [str(work / "RESULTS.md")]     # never the repo's RESULTS.md
+    # the same run named the other way: DATASETS=mydata mydata_DOMAINS=…
+    named = make(SLOT, "results", f"FEATURES={mydata.parent}", "DATASETS=mydata",
+                 "mydata_DOMAINS=a b c", f"WORK={work}")
+    assert named.stdout == own.stdout
+    also = make(SLOT, "results", f"FEATURES={mydata.parent}", "DATASETS=mydata", "DOMAINS=a b c",
+                f"WORK={work}")
+    assert also.stdout == own.stdout
+    # the file-by-file recipe partitions exactly those files, in order
+    one = make(SLOT, "one", f"FEATURES_DIR={mydata}", "DOMAINS=a b c", f"WORK={work}")
+    part = command_with(one.stdout, "partition")
+    assert part[2:5] == [str(mydata / f"{d}.h5") for d in "abc"] and part[5] == "-o"
+    # the built-in recipe is unchanged
+    builtin = command_with(make(SLOT, "grid", f"WORK={work}").stdout, "run_grid.py")
+    assert flag(builtin, "--datasets") == ["office_caltech10", "digits"]
+    assert flag(builtin, "--domains") == ["office_caltech10=amazon,caltech10,dslr,webcam",
+                                          "digits=mnist,usps,mnistm"]
+
+
+def test_slot_recipe_errors_and_its_script_reads_every_flag(mydata, tmp_path):
+    bad = make(SLOT, "grid", f"FEATURES_DIR={mydata}", check=False)
+    assert bad.returncode != 0 and "needs DOMAINS=" in bad.stderr
+    bad = make(SLOT, "grid", "DOMAINS=a b c", check=False)        # two built-in datasets
+    assert bad.returncode != 0 and "one dataset" in bad.stderr
+    # run for real with a domain that has no file: run_grid.py parses the recipe's flags, then stops
+    res = make(SLOT, "grid", f"FEATURES_DIR={mydata}", "DOMAINS=a b zz", f"WORK={tmp_path / 'w'}",
+               dry=False, check=False)
+    assert res.returncode != 0
+    assert f"missing features file(s): {mydata / 'zz.h5'}" in res.stderr, res.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_dadil_recipe_takes_a_features_folder_and_domains(mydata, tmp_path):
+    work = tmp_path / "work"
+    out = make(DADIL, "lodo", f"FEATURES_DIR={mydata}", "DOMAINS=a b,c", f"WORK={work}").stdout
+    lodo = command_with(out, "run_lodo.py")
+    assert flag(lodo, "--features") == [str(mydata)]
+    assert flag(lodo, "--domains") == ["a,b,c"]
+    assert flag(lodo, "--out") == [str(work / "lodo-mydata" / "mydata")]
+    assert command_with(out, "make_results.py")[2:] == [str(work / "lodo-mydata")] * 2
+    named = make(DADIL, "lodo", f"FEATURES_DIR={mydata}", "DOMAINS=a,b,c", "NAME=mine",
+                 f"WORK={work}").stdout
+    assert flag(command_with(named, "run_lodo.py"), "--out") == [str(work / "lodo-mine" / "mine")]
+    bad = make(DADIL, "lodo", "DOMAINS=a b", check=False)
+    assert bad.returncode != 0 and "needs FEATURES_DIR" in bad.stderr
+    bad = make(DADIL, "lodo", f"FEATURES_DIR={mydata}", "DOMAINS=a", check=False)
+    assert bad.returncode != 0 and "at least 2 domain" in bad.stderr
+    res = make(DADIL, "lodo", f"FEATURES_DIR={mydata}", "DOMAINS=a b zz", f"WORK={work}",
+               dry=False, check=False)
+    assert res.returncode != 0
+    assert f"missing features file(s): {mydata / 'zz.h5'}" in res.stderr, res.stderr
+    assert not work.exists()
+
+
+@pytest.mark.slow
+def test_both_recipes_run_on_a_new_dataset(mydata, tmp_path):
+    work = tmp_path / "work"
+    make(SLOT, "results", f"FEATURES_DIR={mydata}", "DOMAINS=a b c", f"WORK={work}", "ALPHAS=0.5",
+         "SEEDS=0", "TAUS=0.4", "HEADS=fedcgs", "JOBS=1", dry=False)
+    assert (work / "grid" / "mydata" / "M1_a0.5_s0.json").is_file()
+    assert "mydata" in (work / "RESULTS.md").read_text()
+    make(DADIL, "lodo", f"FEATURES_DIR={mydata}", "DOMAINS=a b c", f"WORK={work}", "ROUNDS=2",
+         "LOCAL_STEPS=1", "SEEDS=0", "MISSING=0", "MISSING_SEEDS=0", "WORKERS=1", dry=False)
+    out = work / "lodo-mydata"
+    assert sorted(p.name for p in (out / "mydata" / "results").glob("*.json")) == \
+        [f"main_{d}_s0_m00.json" for d in "abc"]
+    assert "## mydata" in (out / "RESULTS.md").read_text()
