@@ -12,24 +12,8 @@ from fedalign.heads import client_seed, get_method, run_method
 from fedalign.heads import fed3r, fedpft, ofedavg
 from fedalign.heads import linear
 
-C, D = 4, 6
+from heads_data import C, D, blobs, clients, pooled  # noqa: F401 (clients: a fixture)
 
-
-def blobs(n, seed, shift=0.0, classes=C):
-    rng = np.random.default_rng(seed)
-    centers = np.random.default_rng(99).normal(size=(C, D)) * 3
-    y = rng.integers(0, classes, n)
-    X = centers[y] + rng.normal(size=(n, D)) @ rng.normal(size=(D, D)) * 0.5 + shift
-    return X.astype(np.float32), y
-
-
-@pytest.fixture(scope="module")
-def clients():
-    return [blobs(53, 1), blobs(71, 2, shift=0.7), blobs(37, 3, shift=-0.4)]
-
-
-def pooled(clients):
-    return np.concatenate([c[0] for c in clients]), np.concatenate([c[1] for c in clients])
 
 
 # ------------------------------------------------------------------------------ variant configs
