@@ -11,7 +11,7 @@ from fedalign.errors import FedalignError
 from fedalign.gmm import GMM, fit_gmm, save_gmm
 from fedalign.dadil.barycenter import atoms_barycenter, labeled_barycenter
 from fedalign.dadil.consensus import consensus_matrix
-from fedalign.dadil.gossip import _dedupe, choose_peers, communicate
+from fedalign.dadil.gossip import choose_peers, communicate, dedupe
 from fedalign.dadil.simulation import simulate
 from fedalign.dadil.state import PublishedAtoms, init_client, load_atoms, save_atoms
 
@@ -87,12 +87,12 @@ def test_deduplication_keeps_each_peers_latest_round():
     old, new = random_atoms("p0", 1, 1), random_atoms("p0", 3, 2)
     other = random_atoms("p1", 2, 3)
     for order in ([old, new, other], [new, old, other], [other, new, old]):
-        out = _dedupe(order)
+        out = dedupe(order)
         assert [p.producer for p in out] == ["p0", "p1"]
         assert out[0].round == 3
         np.testing.assert_array_equal(out[0].means, new.means)
     with pytest.raises(FedalignError, match="two different atoms files"):
-        _dedupe([old, random_atoms("p0", 1, 9)])
+        dedupe([old, random_atoms("p0", 1, 9)])
 
 
 # --------------------------------------------------------------------- what is published

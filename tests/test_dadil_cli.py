@@ -46,11 +46,15 @@ def cli_federation(gp, fed, rounds, strategy="aggregation", steps=2):
             assert f"{c} round {t} {strategy}" in r.output
 
 
-def test_cli_rounds_are_byte_identical_to_simulation(tmp_path):
+@pytest.mark.parametrize("strategy, in_memory", [("aggregation", False), ("aggregation", True),
+                                                  ("replacement", True)])
+def test_cli_rounds_are_byte_identical_to_simulation(tmp_path, strategy, in_memory):
+    """The file path (round_files) and the in-memory path (gossip_round, files written at the
+    end) both give the CLI's bytes, every round's atoms and the final states."""
     gp = make_gmms(tmp_path, 3)
-    cli_federation(gp, tmp_path / "cli", 2)
-    simulate(gp, tmp_path / "sim", rounds=2, strategy="aggregation", local_steps=2, n_atoms=2,
-             seed=5)
+    cli_federation(gp, tmp_path / "cli", 2, strategy)
+    simulate(gp, tmp_path / "sim", rounds=2, strategy=strategy, local_steps=2, n_atoms=2,
+             seed=5, in_memory=in_memory)
     n = 0
     for f in sorted((tmp_path / "cli").rglob("*.npz")):
         twin = tmp_path / "sim" / f.relative_to(tmp_path / "cli")

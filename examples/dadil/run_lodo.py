@@ -15,7 +15,8 @@ For every dataset, target domain T and seed s (and fraction m of target classes 
    GMM-based row with the linear head (500 samples per class of the barycenter) and MAP:
    source-only (C by leave-one-source-domain-out CV), oracle labeled-target GMM, centralized
    GMM-DaDiL (``learn_dictionary``, R·E steps), DeFed replacement and DeFed aggregation
-   (``fedalign.dadil.simulation.simulate``: the files of ``fedalign dadil-round``, byte for byte),
+   (``fedalign.dadil.simulation.simulate`` in memory: the files of ``fedalign dadil-round``,
+   byte for byte, written after the last round),
    every domain one client, R rounds × E local steps, each client from its own random start.
 4. Consensus (``--consensus-target``, seed of the first main job): every round kept and
    M(t) computed every ``--consensus-every`` rounds (``fedalign.dadil.consensus``).
@@ -125,7 +126,7 @@ def run_job(a, job):
             fed = out / "fed" / f"{T}_s{seed}_{tag}_{strat}"
             t0 = time.perf_counter()
             st = simulate(gp, fed, a.rounds, strat, a.local_steps, keep_history=keep,
-                          **init_options(a, seed))
+                          in_memory=True, **init_options(a, seed))
             res["time"][f"DeFed {strat}"] = time.perf_counter() - t0
             states[f"DeFed {strat}"] = load_state(fed / "state" / f"{T}.state.npz")
             if a.keep_states:
@@ -177,7 +178,7 @@ def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, s
     fed = out / "fed" / f"envelope_{job['target']}_s{seed}"
     gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
     simulate(gp, fed, a.rounds, "aggregation", a.local_steps, keep_history=False,
-             **init_options(a, seed))
+             in_memory=True, **init_options(a, seed))
     atoms, _ = load_dictionary(fed / f"round_{a.rounds:03d}" / f"{sources[0]}.atoms.npz")
     m = max(a.missing)
     tr_r, _, dropped = split_target(y, C, seed, m)

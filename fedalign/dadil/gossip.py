@@ -151,8 +151,11 @@ def local_update(st: ClientState, gmm, n_steps: int) -> dict:
     return steps.record
 
 
-#: Newton iterations of the target's α re-fit on the dictionary it received.
+#: Newton iterations of the target's α re-fit on the dictionary it received, and the relative
+#: loss decrease below which it stops (measured on Office-Caltech10 webcam, seed 0, 20 rounds:
+#: past the first 2–3 steps the iterations gained ≈ 1e-5 each for 5–7 evaluations of the loss).
 REFIT_STEPS = 20
+REFIT_RTOL = 1e-4
 
 
 def refit_received(st: ClientState, gmm, received: tuple) -> None:
@@ -168,7 +171,7 @@ def refit_received(st: ClientState, gmm, received: tuple) -> None:
     :func:`fedalign.dadil.dictionary.fit_alpha` (projected Newton, from the current α_T).
     """
     fit = dictionary.fit_alpha(Atoms(*received), gmm, REFIT_STEPS, labeled=False,
-                               alpha0=st.alpha, rule="newton")
+                               alpha0=st.alpha, rule="newton", rtol=REFIT_RTOL)
     st.received, st.alpha_received = received, fit.alpha
 
 
@@ -241,11 +244,11 @@ def init_files(client: str, gmm_path, state_path, atoms_path, *, force: bool = F
         gmm = load_gmm(gmm_path) if gmm is None else gmm
         sha = sha256_file(gmm_path) if gmm_sha256 is None else gmm_sha256
         st = init_client(client, gmm, gmm_path=str(gmm_path), gmm_sha256=sha, **init_options)
-        _publish(state_path, st, atoms_path)
+        publish(state_path, st, atoms_path)
     return st
 
 
-def _publish(state_path: Path, st: ClientState, atoms_path: Path) -> None:
+def publish(state_path: Path, st: ClientState, atoms_path: Path) -> None:
     """Write the state and its atoms as one transaction, the state renamed first.
 
     The state records the atoms file it publishes (path relative to its folder, SHA-256,
@@ -277,7 +280,7 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
         match the one recorded at ``--init``
     gmm, peers : pre-loaded GMM / peer atoms (simulation; skips reading those files)
 
-    The state and the new atoms are written together (:func:`_publish`); an atoms file the
+    The state and the new atoms are written together (:func:`publish`); an atoms file the
     state published in an earlier, killed run but that is missing or stale is republished
     first (``rec["republished"]``).
     """
@@ -316,15 +319,15 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
                 pa = load_atoms(p)
                 check_peer(st, pa, where=str(p))
                 peers.append(pa)
-        peers = _dedupe(peers)
+        peers = dedupe(peers)
         st, pub, rec = gossip_round(st, gmm, peers, strategy, local_steps)
-        _publish(state_path, st, atoms_path)
+        publish(state_path, st, atoms_path)
         if republished is not None:
             rec = dict(rec, republished=republished)
     return st, rec
 
 
-def _dedupe(peers: list) -> list:
+def dedupe(peers: list) -> list:
     """One atoms version per producer: the latest round (two files of one round are an error)."""
     best: dict = {}
     for p in peers:

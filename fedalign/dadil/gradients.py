@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedalign.dadil.atoms import Atoms
-from fedalign.dadil.barycenter import barycenter_plans, project, softmax
+from fedalign.dadil.barycenter import barycenter_plans, softmax
 from fedalign.dadil.distances import emd_plan, sq_dist
 from fedalign.errors import FedalignError
 from fedalign.gmm import GMM
@@ -55,7 +55,9 @@ def domain_loss_and_grads(p: dict, gmm: GMM, labeled: bool, n_components: int | 
     S = np.sqrt(Vr)
     L = softmax(Z)
     plans, _ = barycenter_plans(alpha, M, S, L, KB, bary_tol, bary_max_iter)
-    mB, sB, LB = project(alpha, plans, M, S, L, KB)
+    PT = plans.transpose(0, 2, 1)
+    PX = [np.matmul(PT, X) for X in (M, S, L)]                            # P_aᵀ X_a, (A, K_B, ·)
+    mB, sB, LB = (KB * np.tensordot(alpha, P, 1) for P in PX)             # = project(...)
     gm, gs = gmm.means, np.sqrt(gmm.variances)
     C = sq_dist(gm, mB) + sq_dist(gs, sB)
     beta = 0.0
@@ -69,8 +71,7 @@ def domain_loss_and_grads(p: dict, gmm: GMM, labeled: bool, n_components: int | 
     G.append(2 * beta * (col * LB - pi.T @ gmm.labels) if labeled else np.zeros_like(LB))
     W = plans * (alpha[:, None, None] * KB)                               # (A, K, K_B)
     gX = [np.matmul(W, g) for g in G]                                      # ∂/∂(M, S, L)
-    PT = plans.transpose(0, 2, 1)
-    g_alpha = KB * sum((np.matmul(PT, X) * g).sum((1, 2)) for X, g in zip((M, S, L), G))
+    g_alpha = KB * sum((P * g).sum((1, 2)) for P, g in zip(PX, G))
     gL = gX[2]
     g_z = L * (gL - (gL * L).sum(-1, keepdims=True))
     grads = dict(means=gX[0], variances=gX[1] / (2 * S), label_logits=g_z, alpha=g_alpha,
@@ -78,7 +79,7 @@ def domain_loss_and_grads(p: dict, gmm: GMM, labeled: bool, n_components: int | 
     if not return_model:
         return loss, grads
     rb = np.sqrt(beta)
-    Y = KB * np.concatenate([np.matmul(PT, M), np.matmul(PT, S), rb * np.matmul(PT, L)], -1)
+    Y = KB * np.concatenate([PX[0], PX[1], rb * PX[2]], -1)
     T = np.concatenate([pi.T @ gm, pi.T @ gs, rb * (pi.T @ gmm.labels if labeled
                                                    else np.zeros_like(LB))], -1)
     return loss, grads, dict(Y=Y, T=T, col=col[:, 0], beta=beta)

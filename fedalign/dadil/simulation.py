@@ -11,7 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fedalign.dadil.gossip import init_files, round_files
+from fedalign.dadil.gossip import dedupe, gossip_round, init_files, publish, round_files
+from fedalign.dadil.state import save_atoms
 from fedalign.files import sha256_file
 from fedalign.gmm import load_gmm
 
@@ -25,7 +26,7 @@ def federation_paths(out_dir, client: str, t: int) -> tuple[Path, Path]:
 
 def simulate(gmm_paths: dict, out_dir, rounds: int, strategy: str = "aggregation",
              local_steps: int = 10, *, progress=None, callback=None, keep_history: bool = True,
-             **init_options) -> dict:
+             in_memory: bool = False, **init_options) -> dict:
     """Run N clients × R synchronous rounds in one process, writing the CLI's files.
 
     Round t of every client reads the round t−1 atoms of all other clients
@@ -33,6 +34,13 @@ def simulate(gmm_paths: dict, out_dir, rounds: int, strategy: str = "aggregation
     ``fedalign dadil-round --init`` followed by R ``fedalign dadil-round`` calls with the same
     arguments and paths (and thread counts: the CLI uses :func:`fedalign.threads.limit_threads`,
     default 1); GMMs and peer atoms are just kept in memory between rounds.
+
+    With ``in_memory`` the states stay in memory too: every round is
+    :func:`~fedalign.dadil.gossip.gossip_round` on them, and the files are written once, after
+    the last round (the states and that round's atoms; with ``keep_history`` every round's
+    atoms as well). Those files are byte-identical to the CLI's (tested); what is skipped is
+    reading, checking and rewriting every state every round, about a quarter of a sweep's time
+    on Office-Caltech10 features (d = 1280).
 
     Parameters
     ----------
@@ -61,15 +69,24 @@ def simulate(gmm_paths: dict, out_dir, rounds: int, strategy: str = "aggregation
         published[c] = states[c].published()
     if callback is not None:
         callback(0, states)
-    for t in range(1, int(rounds) + 1):
+    rounds = int(rounds)
+    for t in range(1, rounds + 1):
         (out_dir / f"round_{t:03d}").mkdir(exist_ok=True)
         new_pub = {}
         for c in gmm_paths:
             sp, ap = federation_paths(out_dir, c, t)
             peers = [published[o] for o in gmm_paths if o != c]
-            states[c], _ = round_files(sp, [], ap, strategy, local_steps, client=c,
-                                         gmm=gmms[c], peers=peers)
-            new_pub[c] = states[c].published()
+            if in_memory:
+                states[c], new_pub[c], _ = gossip_round(states[c], gmms[c], dedupe(peers),
+                                                        strategy, local_steps)
+                if t == rounds:
+                    publish(sp, states[c], ap)
+                elif keep_history:
+                    save_atoms(ap, new_pub[c])
+            else:
+                states[c], _ = round_files(sp, [], ap, strategy, local_steps, client=c,
+                                           gmm=gmms[c], peers=peers)
+                new_pub[c] = states[c].published()
             if progress is not None:
                 progress(1)
         published = new_pub
