@@ -223,6 +223,13 @@ def main():
           "resumable; this file and the plots by `make_results.py`, from the results alone).", "",
           "Accuracy (%) on each target's held-out test split, mean ± std over seeds; "
           "*average* = mean over targets per seed, then mean ± std over seeds.", ""]
+    if timing:
+        wall = sum(t["wall"] for t in timing.values())
+        cpu = [t["proc_cpu"] for t in timing.values() if "proc_cpu" in t]
+        md += [f"Whole reproduction ({', '.join(NAMES[ds] for ds in timing)}, one after the other): "
+               f"{wall:.0f} s ({wall / 60:.1f} min) of wall clock"
+               + (f", {sum(cpu):.0f} s of the worker processes' CPU time" if len(cpu) == len(timing)
+                  else "") + ".", ""]
     summary = {}
     for ds, res in data.items():
         table, targets, seeds, avgs = main_table(res)
