@@ -194,6 +194,19 @@ def test_project_config_lists_every_setting():
     assert s == Settings(out="/x")
 
 
+def test_run_config_reads_seeds_and_params_with_the_command_line_grammar():
+    from fedalign.grammar import parse_params, parse_seeds
+
+    assert Settings.seed_list("0-2, 5") == parse_seeds(["0-2,5"]) == [0, 1, 2, 5]
+    assert Settings.seed_list("3 1") == [1, 3]
+    with pytest.raises(FedalignError, match="run config eval-seeds: expected integers"):
+        Settings.seed_list("0-x", "eval-seeds")
+    s = Settings(out="/x", params="fedcgs.ridge=0.1 fed3r.lam=0.5")
+    assert s.head_params(["fedcgs", "fed3r"]) == parse_params(["fedcgs.ridge=0.1", "fed3r.lam=0.5"])
+    with pytest.raises(FedalignError, match="run config params must look like METHOD.KEY=VALUE"):
+        Settings(out="/x", params="fedcgs.ridge").head_params(["fedcgs"])
+
+
 # --------------------------------------------------------------------------------------------
 # Handlers on one node
 # --------------------------------------------------------------------------------------------

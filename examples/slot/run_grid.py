@@ -65,7 +65,7 @@ def run_one(job):
     """One federation → its report file; returns (job, seconds, parts)."""
     from fedalign.federation import run_federation
     from fedalign.files import write_report
-    from fedalign.cli.options import parse_alpha  # the command line's reading of α
+    from fedalign.grammar import parse_alpha  # the command line's reading of α
 
     features, out, dataset, M, alpha, seed, taus, heads, tol = job
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def run_one(job):
 
 
 def parse_seeds(text):
-    from fedalign.cli.options import parse_seeds as ps  # the command line's reading of seeds
+    from fedalign.grammar import parse_seeds as ps  # the command line's reading of seeds
 
     return ps(text)
 

@@ -10,12 +10,12 @@ parameters. Nothing here imports numpy: ``fedalign --help`` stays fast.
 
 from __future__ import annotations
 
-import math
 
 import typer
 
 from fedalign import defaults
 from fedalign.errors import FedalignError
+from fedalign.grammar import parse_alpha, parse_params, parse_seeds, parse_shrinkage  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------------------------
 # Shared declarations
@@ -61,59 +61,3 @@ def tau_option(help: str = "Geodesic time τ ∈ [0, 1]: 0 keeps features, 1 map
 # --------------------------------------------------------------------------------------------
 
 
-def parse_seeds(values, flag: str = "--seeds") -> list:
-    """``["0,1,2"]``, ``["0-4"]`` or ``["0", "1"]`` → sorted unique ints."""
-    seeds = []
-    for v in values or []:
-        for tok in filter(None, (t.strip() for t in str(v).split(","))):
-            try:
-                if "-" in tok[1:]:
-                    lo, hi = tok.split("-", 1) if tok[0] != "-" else (tok, tok)
-                    seeds.extend(range(int(lo), int(hi) + 1))
-                else:
-                    seeds.append(int(tok))
-            except ValueError:
-                raise FedalignError(f"{flag}: expected integers like 0,1,2 or 0-4, got {tok!r}") from None
-    if not seeds:
-        raise FedalignError(f"{flag}: give at least one seed")
-    return sorted(set(seeds))
-
-
-def parse_params(values, flag: str = "--param") -> dict:
-    """``METHOD.KEY=VALUE`` strings → {method: {key: value}} (values stay text)."""
-    out: dict = {}
-    for v in values or []:
-        key, eq, value = str(v).partition("=")
-        method, dot, opt = key.strip().partition(".")
-        if not eq or not dot or not opt:
-            raise FedalignError(f"{flag} must look like METHOD.KEY=VALUE, got {v!r}")
-        out.setdefault(method, {})[opt] = value.strip()
-    return out
-
-
-def parse_shrinkage(text, flag: str = "--shrinkage"):
-    """``auto`` | ``none`` | a number in [0, 1] (the Ledoit–Wolf intensity)."""
-    t = str(text).strip().lower()
-    if t in ("auto", "none"):
-        return t
-    try:
-        v = float(t)
-    except ValueError:
-        raise FedalignError(f"{flag} must be auto, none or a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise FedalignError(f"{flag} must be in [0, 1], got {v}")
-    return v
-
-
-def parse_alpha(text, flag: str = "--alpha") -> float | None:
-    """Dirichlet α of a partition: ``none`` (or ``inf``) → None (domain shift only), else a
-    positive number."""
-    if text is None or str(text).strip().lower() in ("none", "inf"):
-        return None
-    try:
-        a = float(text)
-    except ValueError:
-        raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}") from None
-    if not a > 0 or not math.isfinite(a):
-        raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}")
-    return a

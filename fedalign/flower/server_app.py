@@ -123,32 +123,22 @@ class Settings:
     @staticmethod
     def seed_list(text: str, key: str = "seeds") -> list:
         """The run config's seeds: integers separated by commas or spaces, ``a-b`` for a range
-        (``"0-2"``, ``"0, 3"``); checked by :func:`fedalign.evaluate.check_seeds`."""
+        (``"0-2"``, ``"0, 3"``): the command line's grammar (:func:`fedalign.grammar.parse_seeds`),
+        checked by :func:`fedalign.evaluate.check_seeds`."""
         from fedalign.evaluate import check_seeds
+        from fedalign.grammar import parse_seeds
 
-        out = []
-        for tok in str(text).replace(",", " ").split():
-            lo, _, hi = tok.partition("-") if not tok.startswith("-") else (tok, "", "")
-            try:
-                out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-            except ValueError:
-                raise lib.FedalignError(f"run config {key}: expected integers like 0,1 or 0-4, "
-                                        f"got {tok!r}") from None
-        return check_seeds(out)
+        return check_seeds(parse_seeds([text], flag=f"run config {key}"))
 
     def head_params(self, methods) -> dict:
         """The run config's ``params``: space-separated ``METHOD.KEY=VALUE`` (values stay text,
-        as the heads read them) → checked by :func:`fedalign.evaluate.check_params`."""
+        as the heads read them; :func:`fedalign.grammar.parse_params`) → checked by
+        :func:`fedalign.evaluate.check_params`."""
         from fedalign.evaluate import check_params
+        from fedalign.grammar import parse_params
 
-        out: dict = {}
-        for item in str(self.params).split():
-            key, eq, value = item.partition("=")
-            method, dot, opt = key.partition(".")
-            if not (eq and dot and method and opt):
-                raise lib.FedalignError(f"run config params: expected METHOD.KEY=VALUE, got {item!r}")
-            out.setdefault(method, {})[opt] = value
-        return check_params(out, methods)
+        return check_params(parse_params(str(self.params).split(), flag="run config params"),
+                            methods)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""The small option grammars both front ends read: seeds, head parameters, shrinkage, α.
+
+The command line (:mod:`fedalign.cli.options`) and the Flower run config
+(:mod:`fedalign.flower.server_app`) read ``0-4`` seeds and ``METHOD.KEY=VALUE`` parameters
+through these functions, so the two cannot drift apart; ``flag`` names the option or config
+key in the one-line error. Pure Python (no numpy): ``fedalign --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from fedalign.errors import FedalignError
+
+
+def parse_seeds(values, flag: str = "--seeds") -> list:
+    """``["0,1,2"]``, ``["0-4"]``, ``["0 3"]`` or ``["0", "1"]`` → sorted unique ints (commas or
+    spaces separate, ``a-b`` is a range)."""
+    seeds = []
+    for v in values or []:
+        for tok in re.split(r"[,\s]+", str(v).strip()):
+            if not tok:
+                continue
+            try:
+                if "-" in tok[1:]:
+                    lo, hi = tok.split("-", 1) if tok[0] != "-" else (tok, tok)
+                    seeds.extend(range(int(lo), int(hi) + 1))
+                else:
+                    seeds.append(int(tok))
+            except ValueError:
+                raise FedalignError(f"{flag}: expected integers like 0,1,2 or 0-4, got {tok!r}") from None
+    if not seeds:
+        raise FedalignError(f"{flag}: give at least one seed")
+    return sorted(set(seeds))
+
+
+def parse_params(values, flag: str = "--param") -> dict:
+    """``METHOD.KEY=VALUE`` strings → {method: {key: value}} (values stay text)."""
+    out: dict = {}
+    for v in values or []:
+        key, eq, value = str(v).partition("=")
+        method, dot, opt = key.strip().partition(".")
+        if not eq or not dot or not opt:
+            raise FedalignError(f"{flag} must look like METHOD.KEY=VALUE, got {v!r}")
+        out.setdefault(method, {})[opt] = value.strip()
+    return out
+
+
+def parse_shrinkage(text, flag: str = "--shrinkage"):
+    """``auto`` | ``none`` | a number in [0, 1] (the Ledoit–Wolf intensity)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "none"):
+        return t
+    try:
+        v = float(t)
+    except ValueError:
+        raise FedalignError(f"{flag} must be auto, none or a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise FedalignError(f"{flag} must be in [0, 1], got {v}")
+    return v
+
+
+def parse_alpha(text, flag: str = "--alpha") -> float | None:
+    """Dirichlet α of a partition: ``none`` (or ``inf``) → None (domain shift only), else a
+    positive number."""
+    if text is None or str(text).strip().lower() in ("none", "inf"):
+        return None
+    try:
+        a = float(text)
+    except ValueError:
+        raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}") from None
+    if not a > 0 or not math.isfinite(a):
+        raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}")
+    return a
