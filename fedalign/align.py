@@ -14,7 +14,9 @@ contributing ``clients`` (:func:`domain_map`, several clients per domain), and t
 the statistics it was built from (:func:`stats_digest`; for a domain map also each client's).
 :func:`map_provenance` copies this into the ``align`` step of every aligned file's history, so
 ``evaluate`` can refuse a test file of domain D mapped with a map that belongs neither to one
-of D's clients nor to D.
+of D's clients nor to D. When the statistics or the reference's inputs are DP releases, the
+map and the aligned files also carry their records (``dp``, :mod:`fedalign.dp.accounting`),
+from which ``evaluate`` composes each client's privacy loss.
 """
 
 from __future__ import annotations
@@ -132,9 +134,19 @@ def client_map(stats, ref: Reference, client: str | None = None, domain: str | N
     if stats.d != ref.d:
         raise FedalignError(f"dimension mismatch: client d={stats.d}, reference d={ref.d}")
     A, b = ot_map(stats.mean, stats.covariance, ref.mean, ref.covariance, backend, device)
-    return AffineMap(A, b, dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n),
-                                scope="client", client=client, domain=domain,
-                                stats_sha256=stats_digest(stats)))
+    return AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n),
+                                         scope="client", client=client, domain=domain,
+                                         stats_sha256=stats_digest(stats)), stats, ref))
+
+
+def _with_dp(meta: dict, stats, ref: Reference) -> dict:
+    """``meta`` plus ``dp`` (:func:`fedalign.dp.map_record`) when the statistics or the
+    reference's inputs are DP releases; unchanged otherwise."""
+    if stats.dp is None and not ref.meta.get("dp_inputs"):
+        return meta
+    from fedalign.dp import map_record
+
+    return dict(meta, dp=map_record(stats.dp, ref.meta))
 
 
 def domain_map(stats_list, ref: Reference, domain: str, clients, backend="numpy",
@@ -154,10 +166,11 @@ def domain_map(stats_list, ref: Reference, domain: str, clients, backend="numpy"
     if pooled.d != ref.d:
         raise FedalignError(f"dimension mismatch: domain d={pooled.d}, reference d={ref.d}")
     A, b = ot_map(pooled.mean, pooled.covariance, ref.mean, ref.covariance, backend, device)
-    return AffineMap(A, b, dict(reference_sha256=ref.meta.get("sha256"), n=int(pooled.n),
-                                scope="domain", client=None, domain=str(domain), clients=clients,
-                                stats_sha256=stats_digest(pooled),
-                                client_stats_sha256=[stats_digest(s) for s in stats_list]))
+    return AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(pooled.n),
+                                         scope="domain", client=None, domain=str(domain),
+                                         clients=clients, stats_sha256=stats_digest(pooled),
+                                         client_stats_sha256=[stats_digest(s) for s in stats_list]),
+                                    pooled, ref))
 
 
 def map_provenance(amap: AffineMap, reference_sha256: str | None = None) -> dict:
@@ -169,6 +182,8 @@ def map_provenance(amap: AffineMap, reference_sha256: str | None = None) -> dict
     if m.get("scope") == "domain":
         out.update(map_clients=list(m.get("clients", [])),
                    client_stats_sha256=list(m.get("client_stats_sha256", [])))
+    if m.get("dp") is not None:
+        out["dp"] = m["dp"]  # DP records carried forward (fedalign.dp.accounting)
     return out
 
 

@@ -37,6 +37,13 @@ Protocol
   Reported: per-domain accuracy, their macro mean, and over the seeds mean ± std (population
   std, ddof = 0).
 
+- **Privacy** (:mod:`fedalign.dp`): when a head sends DP messages (``fedcgs.dp_epsilon``,
+  ``fed3r.dp_epsilon``) or the clients' statistics were DP releases (recorded in the train
+  files' ``align`` step), the method's result lists every client's privacy over one run — one
+  method and one seed: each is its own federation — its statistics release composed with its
+  head message by Gaussian DP, and whether the head message is covered (not when its rows
+  were mapped with the client's exact statistics: :mod:`fedalign.dp.accounting`).
+
 Methods with inputs other than feature files (e.g. ``dadil``) are delegated to a library
 evaluator (:data:`EXTERNAL_METHODS`) that returns the same :class:`MethodResult`.
 """
@@ -104,6 +111,7 @@ class MethodResult:
     params: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     diagnostics: list = field(default_factory=list)
+    privacy: list = field(default_factory=list)
 
     def macro(self) -> list:
         """Macro mean over domains, one value per seed."""
@@ -121,6 +129,8 @@ class MethodResult:
                    summary=self.summary(), params=self.params, notes=self.notes)
         if any(self.diagnostics):
             out["diagnostics"] = self.diagnostics  # per seed, e.g. O-FedAvg's final training loss
+        if self.privacy:
+            out["privacy"] = self.privacy  # per client, one run (fedalign.dp.accounting)
         return out
 
 
@@ -205,8 +215,7 @@ def evaluate_method(method: str, clients, tests, n_classes: int, seeds, params: 
     ``maps`` ({client name: AffineMap}) feeds a head's transport layer
     (``ofedavg.tau_schedule=cosine``); its τ_max defaults to the test files' τ.
     """
-    import dataclasses
-
+    from fedalign.dp import config_record
     from fedalign.heads import get_method, run_method
 
     m = get_method(method)
@@ -219,7 +228,7 @@ def evaluate_method(method: str, clients, tests, n_classes: int, seeds, params: 
     elif maps is not None:
         raise FedalignError(f"--map is for a transport layer (ofedavg.tau_schedule=cosine); {method} "
                             "trains on aligned train files")
-    per_seed, notes, diagnostics = [], [], []
+    per_seed, notes, diagnostics, head_dp = [], [], [], None
     notes += [f"test domain {t.domain!r}: none of its clients took part, so no map: scored unaligned"
               for t in tests if t.no_participant and t.domain not in {c.domain for c in clients}]
     data = [(c.X, c.y) for c in clients]
@@ -228,10 +237,52 @@ def evaluate_method(method: str, clients, tests, n_classes: int, seeds, params: 
         per_seed.append({t.domain: head.accuracy(t.X, t.y) for t in tests})
         notes.extend(head.notes)
         diagnostics.append(_json_safe(head.info))
+        head_dp = head.info.get("dp", head_dp)
         if progress is not None:
             progress(1)
-    return MethodResult(method, [int(s) for s in seeds], per_seed, dataclasses.asdict(cfg),
-                        sorted(set(notes)), diagnostics)
+    return MethodResult(method, [int(s) for s in seeds], per_seed, config_record(cfg),
+                        sorted(set(notes)), diagnostics, privacy_of(clients, head_dp))
+
+
+def privacy_of(clients, head_dp: dict | None) -> list:
+    """Each client's privacy over one run (one seed: the seeds are repetitions of the
+    experiment, not releases of one deployment): its statistics release, found in its train
+    file's provenance, composed with its head message (:func:`fedalign.dp.client_privacy`).
+    Empty when nothing is a DP release (no head message and no statistics)."""
+    from fedalign.dp import client_privacy
+
+    def stats_dp(c):
+        steps = [h for h in c.provenance.get("history", []) if h.get("step") == "align"]
+        return bool(steps and steps[-1].get("dp"))
+
+    if head_dp is None and not any(stats_dp(c) for c in clients):
+        return []
+    out = []
+    for k, c in enumerate(clients):
+        rec = None if head_dp is None else dict(head_dp["record"],
+                                                clipped_fraction=head_dp["clipped_fraction"][k])
+        out.append(_json_safe(client_privacy(c.name, c.provenance, rec, head_dp is not None)))
+    return out
+
+
+def privacy_lines(result: MethodResult) -> list:
+    """One line per method on its clients' privacy (what ``evaluate`` prints)."""
+    if not result.privacy:
+        return []
+    totals = [e["total"] for e in result.privacy]
+    private = [t for t in totals if t.get("private")]
+    uncovered = [e["client"] for e in result.privacy if not e["head_message_covered"]]
+    if len(private) == len(totals):
+        worst = max(t["epsilon"] for t in private)
+        line = (f"{result.method}: privacy per client and run: ε ≤ {worst:.4g} at δ = "
+                f"{max(t['delta'] for t in private):g} (everything each client sent, composed)")
+    else:
+        why = next(t["reason"] for t in totals if not t.get("private"))
+        line = (f"{result.method}: privacy: no composed guarantee for {len(totals) - len(private)} "
+                f"of {len(totals)} clients ({why})")
+    if uncovered and len(private) == len(totals):
+        line += f"; head message not covered for {', '.join(uncovered)}"
+    return [line]
 
 
 def _transport_setup(m, cfg, params, clients, tests, maps):

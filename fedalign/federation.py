@@ -37,6 +37,19 @@ Protocol of :func:`run_federation` (dataset, α, seed s, M clients per domain)
    the *oracle*.
 
 Accuracy is per test domain; the macro mean is over the test domains.
+
+Differential privacy (``dp``: :class:`FederationDP`; off by default, and the output is then
+what it was without it). Each client's total budget (ε, δ) per run is split by μ² (ρ):
+``stats_share`` to its statistics release (:func:`fedalign.dp.release_stats`, rows clipped to
+C; the barycenter sees only released statistics), the rest to its DP head message (fedcgs,
+fed3r: ``HEAD.dp_*``); at τ = 0 nothing but the head message is sent, so it gets the whole
+budget. Every client's total is therefore (ε, δ) at every τ (reported per head, τ and client
+under ``privacy``). ``map_stats``: the maps are built from the *released* statistics (default:
+the guarantee then covers the head message, the map being post-processing) or from each
+client's *exact* statistics (what a client may do with statistics that never leave it — but
+then one row moves every mapped row and the head message is not covered, which the report
+says). ``selection=False`` skips the τ-selection federation (its second release of the same
+rows would need its own budget); the result then reports the test accuracy at every τ only.
 """
 
 from __future__ import annotations
@@ -51,6 +64,29 @@ from fedalign.errors import FedalignError
 #: Labels of the default heads, in table order.
 DEFAULT_HEADS = ("ofedavg", "ofedavg:reference", "fedcgs", "fedcgs:reference", "fedpft",
                  "fedpft:reference", "fed3r", "fed3r:reference", "centralized")
+
+
+@dataclass(frozen=True)
+class FederationDP:
+    """A federation's privacy: every client's total budget ``spec``
+    (:class:`fedalign.dp.DPSpec`) per run, the share of μ² its statistics get, and which
+    statistics build the maps ("released" or "exact"; module docstring)."""
+
+    spec: object
+    stats_share: float = 0.5
+    map_stats: str = "released"
+
+    def __post_init__(self):
+        if not 0.0 < self.stats_share < 1.0:
+            raise FedalignError(f"stats_share must be in (0, 1), got {self.stats_share}")
+        if self.map_stats not in ("released", "exact"):
+            raise FedalignError(f"map_stats must be released or exact, got {self.map_stats!r}")
+
+    def head_params(self, tau: float) -> dict:
+        """A DP head's options at τ: the whole budget at τ = 0 (no statistics sent), else the
+        share left after the statistics."""
+        sp = self.spec if tau == 0 else self.spec.share(1.0 - self.stats_share)
+        return dict(dp_epsilon=sp.epsilon, dp_delta=sp.delta, clip=sp.clip, dp_mechanism=sp.mechanism)
 
 
 @dataclass(frozen=True)
@@ -108,16 +144,32 @@ class Federation:
     tol : barycenter tolerance (relative change of the fixed point)
     """
 
-    def __init__(self, clients: dict, tol: float = 1e-6):
+    def __init__(self, clients: dict, tol: float = 1e-6, dp: FederationDP | None = None,
+                 seed: int = 0):
         from fedalign.align import make_reference
         from fedalign.linalg import sqrt_and_inv_sqrt
         from fedalign.pooling import pool_stats
 
-        self.clients = clients
-        self.stats = {n: gaussian_stats(X) for n, (_, X, _) in clients.items()}
+        self.clients, self.dp = clients, dp
+        if dp is None:
+            self.stats = {n: gaussian_stats(X) for n, (_, X, _) in clients.items()}
+            map_stats = self.stats
+        else:
+            from fedalign.align import stats_digest
+            from fedalign.dp import noise_rng, reference_inputs, release_stats
+
+            sp = dp.spec.share(dp.stats_share)
+            self.stats = {n: release_stats(X, sp, noise_rng(seed, k, 1))
+                          for k, (n, (_, X, _)) in enumerate(clients.items())}
+            map_stats = (self.stats if dp.map_stats == "released" else
+                         {n: gaussian_stats(X) for n, (_, X, _) in clients.items()})
         self.reference = make_reference(list(self.stats.values()), "samples", tol=tol)
+        if dp is not None:
+            self.reference.meta["dp_inputs"] = reference_inputs(
+                [dict(client=n, domain=dom, dp=self.stats[n].dp) for n, (dom, _, _) in clients.items()],
+                [stats_digest(st) for st in self.stats.values()])
         self._root = sqrt_and_inv_sqrt(self.reference.covariance)[0]  # Σ_b^{1/2}, once
-        self.maps = {n: self._map(self.stats[n], dict(scope="client", client=n, domain=dom))
+        self.maps = {n: self._map(map_stats[n], dict(scope="client", client=n, domain=dom))
                      for n, (dom, _, _) in clients.items()}
         self.domain_maps = {}
         for dom in dict.fromkeys(d for d, _, _ in clients.values()):
@@ -125,7 +177,7 @@ class Federation:
             if len(names) == 1:
                 self.domain_maps[dom] = self.maps[names[0]]
                 continue
-            sts = [self.stats[n] for n in names]
+            sts = [map_stats[n] for n in names]
             self.domain_maps[dom] = self._map(pool_stats(sts), dict(
                 scope="domain", client=None, domain=dom, clients=names,
                 client_stats_sha256=[self.maps[n].meta["stats_sha256"] for n in names]))
@@ -143,6 +195,10 @@ class Federation:
         b = ref.mean - A @ st.mean
         meta = dict(reference_sha256=ref.meta.get("sha256"), n=int(st.n), **owner,
                     stats_sha256=stats_digest(st))
+        if self.dp is not None:
+            from fedalign.dp import map_record
+
+            meta["dp"] = map_record(st.dp, ref.meta)
         return AffineMap(A, b, meta)
 
     @staticmethod
@@ -168,7 +224,10 @@ class Federation:
             train = [(self.move(X, self.maps[n], tau), y) for n, (_, X, y) in self.clients.items()]
             ev = {d: (self.move(X, self.domain_maps.get(d), tau), y) for d, (X, y) in evals.items()}
             for h in heads:
-                cfg = h.config(**({"tau_max": float(tau)} if h.method == "ofedavg" else {}))
+                extra = {"tau_max": float(tau)} if h.method == "ofedavg" else {}
+                if self.dp is not None:
+                    extra.update(self.dp.head_params(tau))
+                cfg = h.config(**extra)
                 layer = getattr(cfg, "tau_schedule", "fixed") == "cosine" and tau > 0
                 head, _ = run_method(get_method(h.method), raw if layer else train, n_classes,
                                      seed=seed, transports=transports if layer else None, config=cfg)
@@ -176,6 +235,25 @@ class Federation:
                     d: balanced_accuracy(head, X, y) if balanced else head.accuracy(X, y)
                     for d, (X, y) in ev.items() if len(y)}
                 out[h.label]["info"][tau] = head.info
+                if self.dp is not None:
+                    out[h.label].setdefault("privacy", {})[tau] = self.privacy(head, tau)
+        return out
+
+    def privacy(self, head, tau: float) -> list:
+        """Every client's privacy at τ: its statistics release (τ > 0) composed with its head
+        message (:func:`fedalign.dp.compose`)."""
+        from fedalign.dp import compose, summary
+        from fedalign.dp.accounting import NOT_COVERED
+
+        rec = head.info["dp"]
+        covered = tau == 0 or self.dp.map_stats == "released"
+        out = []
+        for k, n in enumerate(self.clients):
+            st = summary(self.stats[n].dp) if tau > 0 else None
+            hd = summary(dict(rec["record"], clipped_fraction=rec["clipped_fraction"][k]))
+            reason = None if covered else NOT_COVERED
+            out.append(dict(client=n, stats=st, head=hd, head_message_covered=covered,
+                            reason=reason, total=compose(st, hd, covered, reason)))
         return out
 
 
@@ -208,7 +286,8 @@ def _macro(acc: dict) -> float:
 
 def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_domain: int = 1,
                    test_fraction: float = 0.3, val_fraction: float = 0.2, min_client_size: int = 3,
-                   tol: float = 1e-6) -> tuple[dict, dict]:
+                   tol: float = 1e-6, dp: FederationDP | None = None,
+                   selection: bool = True) -> tuple[dict, dict]:
     """Run the protocol of the module docstring for one (α, seed, M).
 
     Returns
@@ -222,11 +301,16 @@ def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_doma
     alpha : Dirichlet concentration (None: domain shift only)
     taus : τ values (0 is the unaligned baseline and is always included)
     heads : list of :class:`HeadSpec` or labels (default :data:`DEFAULT_HEADS`)
+    dp : :class:`FederationDP` (module docstring); heads must then send DP messages
+        (fedcgs, fed3r)
+    selection : run the τ-selection federation (False: no validation split is scored, no τ̂)
     """
     from fedalign.partition import check_compatible, make_partition
 
     t0 = time.perf_counter()
     heads = [h if isinstance(h, HeadSpec) else HeadSpec.parse(h) for h in (heads or DEFAULT_HEADS)]
+    if dp is not None:
+        _check_dp_heads(heads)
     taus = sorted({0.0, *map(float, taus)})
     C = check_compatible(domains)
     part = make_partition(domains, alpha, seed, test_fraction, clients_per_domain,
@@ -246,11 +330,11 @@ def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_doma
             Xo, yo = vals.get(dom, (np.zeros((0, X.shape[1]), np.float32), np.zeros(0, np.int64)))
             vals[dom] = (np.concatenate([Xo, X]), np.concatenate([yo, y]))
     t1 = time.perf_counter()
-    fed_full = Federation(full, tol)
+    fed_full = Federation(full, tol, dp, seed)
     test_scores = fed_full.score(heads, tests, taus, C, seed)
     t2 = time.perf_counter()
-    fed_sel = Federation(fit, tol)
-    val_scores = fed_sel.score(heads, vals, taus, C, seed, balanced=True)
+    fed_sel = Federation(fit, tol, dp, seed) if selection else None
+    val_scores = fed_sel.score(heads, vals, taus, C, seed, balanced=True) if selection else None
     t3 = time.perf_counter()
 
     from fedalign.evaluate import _json_safe
@@ -258,18 +342,23 @@ def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_doma
     results = {}
     for h in heads:
         test = test_scores[h.label]["acc"]
-        valid = val_scores[h.label]["acc"]
-        sel = select_tau({t: _macro(valid[t]) for t in taus})
         oracle = select_tau({t: _macro(test[t]) for t in taus})
         results[h.label] = dict(
             method=h.method, variant=h.variant,
             params=_json_safe(_config_dict(h.config())),
-            test={f"{t:g}": test[t] for t in taus},
-            validation={f"{t:g}": valid[t] for t in taus},
-            info={f"{t:g}": _json_safe(test_scores[h.label]["info"][t]) for t in taus},
-            selected_tau=sel, oracle_tau=oracle)
+            test={f"{t:g}": test[t] for t in taus})
+        if selection:
+            valid = val_scores[h.label]["acc"]
+            results[h.label]["validation"] = {f"{t:g}": valid[t] for t in taus}
+        results[h.label]["info"] = {f"{t:g}": _json_safe(test_scores[h.label]["info"][t]) for t in taus}
+        if selection:
+            results[h.label]["selected_tau"] = select_tau({t: _macro(valid[t]) for t in taus})
+        results[h.label]["oracle_tau"] = oracle
+        if dp is not None:
+            results[h.label]["privacy"] = {f"{t:g}": _json_safe(v)
+                                           for t, v in test_scores[h.label]["privacy"].items()}
     mapped = set(fed_full.domain_maps)
-    return dict(
+    out = dict(
         producer="fedalign federation",
         protocol=dict(alpha=alpha, seed=seed, clients_per_domain=clients_per_domain,
                       test_fraction=test_fraction, val_fraction=val_fraction,
@@ -285,12 +374,43 @@ def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_doma
         test_rows={d: int(len(y)) for d, (_, y) in tests.items()},
         unmapped_domains=[d for d in tests if d not in mapped],
         barycenter=dict(full=fed_full.reference.meta["convergence"],
-                        selection=fed_sel.reference.meta["convergence"]),
+                        selection=fed_sel.reference.meta["convergence"] if selection else None),
         heads=results,
-    ), dict(partition=t1 - t0, full=t2 - t1, selection=t3 - t2)
+    )
+    if not selection:
+        out["protocol"]["tau_selection"] = None
+    if dp is not None:
+        out["dp"] = _json_safe(_dp_record(dp, fed_full))
+    return out, dict(partition=t1 - t0, full=t2 - t1, selection=t3 - t2)
+
+
+def _check_dp_heads(heads) -> None:
+    import dataclasses
+
+    from fedalign.heads import get_method
+
+    bad = [h.label for h in heads if "dp_epsilon" not in
+           {f.name for f in dataclasses.fields(get_method(h.method).load().Config)}]
+    if bad:
+        raise FedalignError(f"heads without a DP message: {', '.join(bad)} (DP heads: fedcgs, fed3r)")
+
+
+def _dp_record(dp: FederationDP, fed: Federation) -> dict:
+    """The federation's privacy protocol and every client's statistics release."""
+    from fedalign.dp import NEIGHBOURING, summary
+    from fedalign.dp.release import SIMULATION_SEED
+
+    sp = dp.spec
+    return dict(epsilon=sp.epsilon, delta=sp.delta, clip=sp.clip, mechanism=sp.mechanism,
+                neighbouring=NEIGHBOURING, stats_share=dp.stats_share, map_stats=dp.map_stats,
+                noise_seed=SIMULATION_SEED,
+                per_client_budget=("every client's total over one run (its statistics and its "
+                                   "head message composed by Gaussian DP) is (ε, δ) at every τ"),
+                stats_release={n: summary(st.dp) for n, st in fed.stats.items()},
+                stats_postprocessing={n: st.dp["postprocessing"] for n, st in fed.stats.items()})
 
 
 def _config_dict(cfg) -> dict:
-    import dataclasses
+    from fedalign.dp import config_record
 
-    return dataclasses.asdict(cfg)
+    return config_record(cfg)

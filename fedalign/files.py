@@ -13,6 +13,8 @@ features   .h5    ``features`` (n, d) float32, ``labels`` (n,) int64 (-1 = unlab
                   ``ids`` (n,) str; attrs ``class_names``, ``provenance``. Private.
 stats      .npz   n, mean (d,), Ledoit–Wolf covariance (d, d), shrinkage, raw moment sums
                   around a shift; optional class counts / sums. Aggregates only, shareable.
+                  A DP release (meta ``dp``: :mod:`fedalign.dp`) holds the noisy count, Σx
+                  and Σxxᵀ (shift 0), no fourth-moment sums, and a post-processed covariance.
 reference  .npz   Bures–Wasserstein barycenter: mean (d,), covariance (d, d), weights,
                   convergence record. Sent by the server to every client.
 map        .npz   a client's affine OT map to the reference: A (d, d), b (d,). Private.
@@ -108,10 +110,11 @@ _schema(
         "shift": (("d",), "f"),
         "sum_y": (("d",), "f"),
         "sum_yy": (("d", "d"), "f"),
-        "sum_sqnorm_y": (("d",), "f"),
-        "sum_sqnorm2": ((), "f"),
     },
     optional={
+        # fourth-moment sums (Ledoit–Wolf); a DP release (meta "dp") does not carry them
+        "sum_sqnorm_y": (("d",), "f"),
+        "sum_sqnorm2": ((), "f"),
         "class_counts": (("C",), "i"),
         "class_sums": (("C", "d"), "f"),
         "class_names": (("C",), "U"),

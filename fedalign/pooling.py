@@ -65,7 +65,15 @@ def pool_moments(moments) -> Moments:
 
 
 def pool_stats(stats_list, shrinkage="auto") -> GaussianStats:
-    """The pooled Gaussian proxy (mean, Ledoit–Wolf covariance) of several clients' stats."""
+    """The pooled Gaussian proxy (mean, Ledoit–Wolf covariance) of several clients' stats.
+
+    DP releases (``stats.dp``) are pooled by :func:`fedalign.dp.pool_released` (their noisy
+    sums added, the same post-processing); DP and exact statistics are not mixed.
+    """
+    if any(st.dp is not None for st in stats_list):
+        from fedalign.dp import pool_released
+
+        return pool_released(stats_list, shrinkage)
     m = pool_moments([st.moments for st in stats_list])
     if m.n < 2:
         raise FedalignError(f"pooled statistics need at least 2 rows, got {m.n}")

@@ -220,6 +220,9 @@ def _torch_update(bk, acc, X, shift):
 def ledoit_wolf_shrinkage(m: Moments) -> float:
     """Ledoit–Wolf shrinkage ``s`` (scikit-learn's ``shrinkage_``) from moment sums."""
     n, d = m.n, m.d
+    if m.sum_sqnorm2 is None:
+        raise FedalignError("these moments carry no fourth-moment sums (a DP release): Ledoit–"
+                            "Wolf needs them; fedalign.dp post-processes DP moments")
     if d == 1:
         return 0.0
     S = m.empirical_covariance()
@@ -272,6 +275,8 @@ class GaussianStats:
     shrinkage : float (scikit-learn convention: weight on the scaled identity)
     moments : Moments
     class_names : list of str
+    dp : None, or the record of a differentially private release (:mod:`fedalign.dp`): the
+        moments are then noisy sums around shift 0 without fourth-moment sums
     """
 
     n: int
@@ -280,6 +285,7 @@ class GaussianStats:
     shrinkage: float
     moments: Moments
     class_names: list = field(default_factory=list)
+    dp: dict | None = None
 
     @property
     def d(self) -> int:
@@ -363,7 +369,7 @@ def save_stats(path, st: GaussianStats, meta: dict | None = None):
     arrays = dict(
         n=np.int64(st.n), mean=st.mean, covariance=st.covariance, shrinkage=np.float64(st.shrinkage),
         shift=m.shift, sum_y=m.sum_y, sum_yy=m.sum_yy, sum_sqnorm_y=m.sum_sqnorm_y,
-        sum_sqnorm2=np.float64(m.sum_sqnorm2),
+        sum_sqnorm2=None if m.sum_sqnorm2 is None else np.float64(m.sum_sqnorm2),
     )
     if m.class_counts is not None:
         arrays["class_counts"] = m.class_counts
@@ -384,13 +390,19 @@ def load_stats(path) -> GaussianStats:
     if not 0.0 <= float(a["shrinkage"]) <= 1.0:
         raise FedalignError(f"{path}: 'shrinkage' must be in [0, 1], got {float(a['shrinkage'])}")
     d = a["mean"].shape[0]
+    dp = meta.get("dp")
+    fourth = "sum_sqnorm_y" in a and "sum_sqnorm2" in a
+    if not fourth and not dp:
+        raise FedalignError(f"{path}: missing the fourth-moment sums 'sum_sqnorm_y', 'sum_sqnorm2' "
+                            "(only a DP release, which records 'dp' in its metadata, omits them)")
     m = Moments(d, shift=a["shift"].astype(float), n=n, sum_y=a["sum_y"].astype(float),
-                sum_yy=a["sum_yy"].astype(float), sum_sqnorm_y=a["sum_sqnorm_y"].astype(float),
-                sum_sqnorm2=float(a["sum_sqnorm2"]))
+                sum_yy=a["sum_yy"].astype(float),
+                sum_sqnorm_y=a["sum_sqnorm_y"].astype(float) if fourth else None,
+                sum_sqnorm2=float(a["sum_sqnorm2"]) if fourth else None)
     if "class_counts" in a:
         m.n_classes = len(a["class_counts"])
         m.class_counts = a["class_counts"].astype(np.int64)
         m.class_sums = a["class_sums"].astype(float)
     names = [str(s) for s in a.get("class_names", [])] or list(meta.get("class_names", []))
     return GaussianStats(n, a["mean"].astype(float), a["covariance"].astype(float),
-                         float(a["shrinkage"]), m, names)
+                         float(a["shrinkage"]), m, names, dp=dp)

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import os
+
+# One BLAS / OpenMP thread, and idle threads that sleep, in the test process and in every
+# fedalign process it starts (set before numpy or torch loads): the tests' matrices are small,
+# and on 2 cores a thread pool spin-waits whenever another job (or another xdist worker) holds
+# a core, for several times the CPU time of one thread. A variable already set wins.
+for _var, _value in (("OPENBLAS_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"),
+                     ("OMP_NUM_THREADS", "1"), ("OMP_WAIT_POLICY", "PASSIVE")):
+    os.environ.setdefault(_var, _value)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from fedalign.files import write_features
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dadil_torch_reference as ref
+from fedalign.errors import FedalignError
 from fedalign.dadil.atoms import init_atoms
 from fedalign.dadil.barycenter import LabeledBarycenter, atoms_barycenter, labeled_barycenter
 
@@ -70,15 +71,53 @@ def test_translated_atoms_give_translated_barycenter():
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
 
 
-def test_shapes_n_components_and_simplex_labels():
+def test_twice_the_components_split_each_translated_component_in_two():
+    """K_B = 2K on translated atoms: B is base + α·shift with every component twice (component
+    j is atom component j mod K), and each atom component sends half its mass, 1/(2K), to each
+    copy. The deterministic start has these means and stds but one-hot labels: the first
+    iteration moves the labels only, the second finds the same plans and stops with no change."""
+    rng = np.random.default_rng(5)
+    A, K, d, C = 2, 4, 3, 2
+    base = rng.normal(size=(K, d)) * 10
+    var = rng.uniform(0.5, 1.5, (K, d))
+    shifts = rng.normal(size=(A, d)) * 0.3
+    M, V = base[None] + shifts[:, None], var[None].repeat(A, 0)
+    L = (np.eye(C)[np.arange(K) % C] * 0.8 + 0.1)[None].repeat(A, 0)
+    alpha = np.array([0.3, 0.7])
+    B = labeled_barycenter(alpha, M, V, L, n_components=2 * K)
+    j = np.arange(2 * K) % K
+    np.testing.assert_allclose(B.means, base[j] + alpha @ shifts, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(B.variances, var[j], rtol=1e-12)
+    np.testing.assert_allclose(B.labels, L[0, j], rtol=1e-12)
+    split = (j[None, :] == np.arange(K)[:, None]) / (2 * K)
+    for a in range(A):
+        np.testing.assert_array_equal(B.plans[a], split)
+    assert B.record() == dict(iterations=2, rel_change=0.0, converged=True)
+
+
+def test_plans_are_optimal_to_b_and_b_is_their_projection():
+    """Random atoms, K_B = 2K: every plan is an optimal transport plan from its atom to B for the
+    labeled cost (POT's emd2 gives the same cost), and B is the α-weighted barycentric
+    projection through the plans (means and standard deviations averaged)."""
     rng = np.random.default_rng(5)
     M, V, L = rand_atoms(rng, A=2, K=4, d=3, C=2)
-    B = labeled_barycenter([0.3, 0.7], M, V, L, n_components=8)
-    assert B.means.shape == (8, 3) and B.variances.shape == (8, 3) and B.labels.shape == (8, 2)
+    alpha = np.array([0.3, 0.7])
+    B = labeled_barycenter(alpha, M, V, L, n_components=8)
+    assert B.converged and B.rel_change <= 1e-6
+    S, SB = np.sqrt(V), np.sqrt(B.variances)
+    for a in range(2):
+        feat = (((M[a][:, None] - B.means[None]) ** 2).sum(-1)
+                + ((S[a][:, None] - SB[None]) ** 2).sum(-1))
+        cost = feat + feat.max() * ((L[a][:, None] - B.labels[None]) ** 2).sum(-1)
+        np.testing.assert_allclose(B.plans[a].sum(1), 1 / 4, rtol=1e-12)
+        np.testing.assert_allclose(B.plans[a].sum(0), 1 / 8, rtol=1e-12)
+        best = ot.emd2(np.full(4, 1 / 4), np.full(8, 1 / 8), cost)
+        assert float((B.plans[a] * cost).sum()) == pytest.approx(best, rel=1e-6, abs=1e-9)
+    W = 8 * alpha[:, None, None] * B.plans                              # (A, K, K_B)
+    np.testing.assert_allclose(B.means, np.einsum("aij,aid->jd", W, M), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(SB, np.einsum("aij,aid->jd", W, S), rtol=1e-12)
+    np.testing.assert_allclose(B.labels, np.einsum("aij,aic->jc", W, L), rtol=1e-12)
     np.testing.assert_allclose(B.labels.sum(1), 1.0, rtol=1e-12)
-    assert float(B.variances.min()) >= V.min() - 1e-12
-    assert B.plans.shape == (2, 4, 8)
-    assert B.record() == dict(iterations=B.iterations, rel_change=B.rel_change, converged=True)
 
 
 def test_deterministic_and_logits():
@@ -107,3 +146,63 @@ def test_gradcheck_through_frozen_plans():
         return m, v, lab
 
     assert torch.autograd.gradcheck(f, (t([0.4, 0.6]), t(M), t(V), t(L)), eps=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ mutation survivors (mutmut)
+def test_softmax_is_scipys_on_large_logits_of_any_rank():
+    from scipy.special import softmax as sp_softmax
+
+    from fedalign.dadil.barycenter import softmax
+
+    z = np.random.default_rng(0).normal(size=(3, 4, 5)) * 300 + np.arange(4)[:, None] * 1e3
+    assert np.allclose(softmax(z), sp_softmax(z, axis=-1), rtol=1e-12, atol=0)
+    assert np.all(np.isfinite(softmax(z)))
+
+
+def test_feature_cost_of_a_point_to_itself_is_exactly_zero():
+    from fedalign.dadil.barycenter import _Features
+
+    rng = np.random.default_rng(1)
+    M, S = rng.normal(size=(2, 3, 4)), rng.uniform(0.1, 1, size=(2, 3, 4))
+    C = _Features(M, S).cost(M[0], S[0])
+    assert C.shape == (2, 3, 3) and np.all(np.diag(C[0]) == 0.0) and np.all(C >= 0.0)
+    brute = ((M[1][:, None] - M[0][None]) ** 2).sum(-1) + ((S[1][:, None] - S[0][None]) ** 2).sum(-1)
+    assert np.allclose(C[1], brute, rtol=1e-10)
+
+
+@pytest.mark.parametrize("bad", ["means2d", "variances", "labels2d", "labels_k", "alpha"])
+def test_every_shape_disagreement_is_refused_naming_all_shapes(bad):
+    from fedalign.dadil.barycenter import labeled_barycenter
+
+    a, m, v, L = np.full(2, 0.5), np.zeros((2, 3, 4)), np.ones((2, 3, 4)), np.full((2, 3, 2), 0.5)
+    if bad == "means2d":
+        m, v = m[0], v[0]
+    elif bad == "variances":
+        v = np.ones((2, 3, 5))
+    elif bad == "labels2d":
+        L = L[0]
+    elif bad == "labels_k":
+        L = np.full((2, 4, 2), 0.5)
+    else:
+        a = np.full(3, 1 / 3)
+    with pytest.raises(FedalignError) as e:
+        labeled_barycenter(a, m, v, L)
+    msg = str(e.value)
+    for x in (a, m, v, L):
+        assert str(tuple(x.shape)) in msg
+
+
+def test_atoms_barycenter_gmm_float64_simplex_labels_names_and_record():
+    from fedalign.dadil.atoms import Atoms
+    from fedalign.dadil.barycenter import atoms_barycenter
+
+    rng = np.random.default_rng(2)
+    atoms = Atoms(rng.normal(size=(2, 4, 3)).astype(np.float32),
+                  rng.uniform(0.5, 1, size=(2, 4, 3)).astype(np.float32),
+                  (rng.normal(size=(2, 4, 2)) * 3).astype(np.float32))
+    g = atoms_barycenter(atoms, np.array([0.3, 0.7]), class_names=["a", "b"])
+    assert g.means.dtype == np.float64 and g.means.shape == (4, 3)
+    assert np.all(g.labels >= 0) and np.allclose(g.labels.sum(1), 1.0, rtol=0, atol=1e-12)
+    assert list(g.class_names) == ["a", "b"]
+    rec = g.meta["barycenter"]
+    assert rec["converged"] and rec["rel_change"] <= 1e-6

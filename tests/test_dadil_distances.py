@@ -129,3 +129,51 @@ def test_numpy_and_torch_reference_agree():
         assert a.requires_grad and isinstance(b, np.floating)
         assert float(a.detach()) == pytest.approx(float(b), rel=1e-12)
         np.testing.assert_array_equal(pa, pb)
+
+
+def test_label_term_needs_labels_on_both_sides():
+    """One side unlabeled: the feature cost alone (MW2², whatever β); both labeled: cost
+    c_ij + β‖L1_i − L2_j‖² for a given β too."""
+    rng = np.random.default_rng(7)
+    w1, m1, v1, L1 = rand_gmm(rng, 4, 3, C=2)
+    w2, m2, v2, L2 = rand_gmm(rng, 5, 3, C=2)
+    Cf = diag_w2_cost(m1, v1, m2, v2)
+    np.testing.assert_array_equal(mixture_cost(m1, v1, m2, v2, L1, None), Cf)
+    np.testing.assert_array_equal(mixture_cost(m1, v1, m2, v2, None, L2, beta=3.0), Cf)
+    sq = ((L1[:, None] - L2[None]) ** 2).sum(-1)
+    np.testing.assert_allclose(mixture_cost(m1, v1, m2, v2, L1, L2, beta=2.5), Cf + 2.5 * sq,
+                               rtol=1e-12, atol=1e-12)
+    P, Q, Qu = GMM(w1, m1, v1, L1), GMM(w2, m2, v2, L2), GMM(w2, m2, v2, None)
+    plain = float(mw2(w1, m1, v1, w2, m2, v2))
+    assert gmm_mw2(P, Qu) == pytest.approx(plain, rel=1e-12)             # auto: unlabeled
+    assert gmm_mw2(P, Q, beta=0.0) == pytest.approx(plain, rel=1e-12)
+    ref = ot.emd2(w1, w2, Cf + Cf.max() * sq)                              # SMW2², default β
+    assert gmm_mw2(P, Q) == pytest.approx(ref, rel=1e-10)
+    assert gmm_mw2(P, Q, labeled=True) == pytest.approx(ref, rel=1e-10)
+    assert gmm_mw2(P, Q) > plain
+
+
+def test_both_weight_vectors_are_normalised():
+    rng = np.random.default_rng(8)
+    w1, m1, v1, _ = rand_gmm(rng, 4, 2)
+    w2, m2, v2, _ = rand_gmm(rng, 3, 2)
+    plan = ot_plan(w1 * 3, m1, v1, w2 * 0.25, m2, v2)
+    np.testing.assert_allclose(plan.sum(1), w1, atol=1e-12)
+    np.testing.assert_allclose(plan.sum(0), w2, atol=1e-12)
+    assert float(mw2(w1 * 3, m1, v1, w2 * 0.25, m2, v2)) == pytest.approx(
+        float(mw2(w1, m1, v1, w2, m2, v2)), rel=1e-12)
+
+
+def test_component_cost_is_a_nonnegative_brute_force_distance():
+    """c_ij against a double loop, below 1 as well as above; identical far-away components cost
+    0, never a rounding negative."""
+    rng = np.random.default_rng(9)
+    m1, m2 = rng.normal(size=(3, 2)) * 0.3, rng.normal(size=(4, 2)) * 0.3
+    v1, v2 = rng.uniform(0.2, 0.6, (3, 2)), rng.uniform(0.2, 0.6, (4, 2))
+    want = np.array([[np.sum((m1[i] - m2[j]) ** 2) + np.sum((np.sqrt(v1[i]) - np.sqrt(v2[j])) ** 2)
+                      for j in range(4)] for i in range(3)])
+    assert want.min() < 1
+    np.testing.assert_allclose(diag_w2_cost(m1, v1, m2, v2), want, rtol=1e-10, atol=1e-14)
+    far = rng.normal(size=(5, 3)) * 1e4
+    c = diag_w2_cost(far, np.ones((5, 3)), far, np.ones((5, 3)))
+    assert np.all(c >= 0) and np.all(np.diag(c) <= 1e-4)

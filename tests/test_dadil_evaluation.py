@@ -118,9 +118,9 @@ def test_single_source_falls_back_to_kfold_and_one_c_skips_cv():
 
 
 def test_oracle_ceiling_on_separable_labeled_gmm():
-    X, y = blobs(0, n=300, shift=0.6)  # two classes 6 apart, σ = 0.5
+    X, y = blobs(0, n=300)  # two classes 3 apart, σ = 0.7: Bayes accuracy ≈ 0.984
     g = fit_gmm(X, y, 2, n_classes=2, seed=0)
-    Xt, yt = blobs(1, n=400, shift=0.6)
+    Xt, yt = blobs(0, n=400, seed=100)
     for head in ("linear", "map"):
         assert accuracy(oracle_classifier(g, head, 200, 0), Xt, yt) >= 0.95
     res = evaluate_target(Xt, yt, n_classes=2, oracle_gmm=g, seeds=[0, 1], n_per_class=200)
@@ -159,7 +159,7 @@ def test_dictionary_kwargs_reach_learn_dictionary(monkeypatch, tmp_path):
         return orig(gmms, target_index, **kw)
 
     monkeypatch.setattr(de, "learn_dictionary", spy)
-    X, y = blobs(2, n=60, shift=0.6)
+    X, y = blobs(2, n=60, seed=102)
     res = evaluate_target(X, y, source_gmms=[gs["c0"], gs["c1"]], target_gmm=gs["tgt"],
                           seeds=[3], classifiers=["map"], dictionary_kwargs=dict(n_atoms=2, n_iter=3))
     assert calls == [(3, 2, dict(seed=3, n_atoms=2, n_iter=3))]
@@ -178,7 +178,7 @@ def federation(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dadil_eval")
     gp = make_gmms(tmp, 3)
     simulate(gp, tmp / "fed", rounds=2, strategy="aggregation", local_steps=2, n_atoms=2)
-    X, y = blobs(2, n=80, shift=0.6)
+    X, y = blobs(2, n=80, seed=102)
     write_features(tmp / "tgt.test.h5", X, y, [str(i) for i in range(len(y))], ["a", "b"],
                    {"domain": "tgt"})
     return tmp, gp, tmp / "fed" / "state" / "tgt.state.npz"
@@ -236,10 +236,10 @@ def test_dadil_evaluate_all_rows(federation):
     tmp, gp, state = federation
     srcs = []
     for i in range(2):
-        Xs, ys = blobs(i, shift=0.3 * i)
+        Xs, ys = blobs(i)
         write_features(tmp / f"c{i}.h5", Xs, ys, [str(j) for j in range(len(ys))], ["a", "b"])
         srcs += ["--source", tmp / f"c{i}.h5"]
-    Xo, yo = blobs(5, n=120, shift=0.6)
+    Xo, yo = blobs(2, n=120, seed=105)   # labeled rows of the target's domain
     save_gmm(tmp / "oracle.gmm.npz", fit_gmm(Xo, yo, 2, n_classes=2, seed=0, class_names=["a", "b"]))
     r = _run("dadil-evaluate", "--test", tmp / "tgt.test.h5", *srcs, "--gmm", gp["c0"],
              "--gmm", gp["c1"], "--target-gmm", gp["tgt"], "--oracle-gmm", tmp / "oracle.gmm.npz",

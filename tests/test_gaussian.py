@@ -155,3 +155,193 @@ def test_low_rank_plus_scalar_reduction_is_exact():
     np.testing.assert_allclose(B.covariance, ((np.sqrt(2) + np.sqrt(8)) / 2) ** 2 * np.eye(d),
                                rtol=1e-10)
     assert B.reduced_dim == 0 and B.iterations == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The convergence record, the iteration's edges and the exact reduction (mutation survivors)
+# --------------------------------------------------------------------------------------------
+
+
+def _lowrank_plus_scalar(d, ranks, rng, shared=False):
+    """Σ_k = (k + 1) I + U_k D_k U_kᵀ with U_k orthonormal of rank ranks[k]: disjoint blocks of
+    one orthonormal basis (or the same first columns with ``shared``)."""
+    Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    covs, start = [], 0
+    for k, r in enumerate(ranks):
+        U = Q[:, :r] if shared else Q[:, start:start + r]
+        start += r
+        covs.append((k + 1.0) * np.eye(d) + (U * rng.uniform(1, 4, r)) @ U.T)
+    return covs
+
+
+def test_commuting_covariances_converge_in_one_step_and_record_it():
+    """Diagonal Σ_k from S₀ = Σ w_k Σ_k: the first step lands on (Σ w_k Σ_k^{1/2})², so the
+    second residual is zero: 2 iterations, and the first record is the closed form
+    residual ‖Σ w_k Σ_k^{1/2} S₀^{-1/2} − I‖_F/√d, rel_change ‖(Σ w_k Σ_k^{1/2})² − S₀‖_F/‖S₀‖_F."""
+    import json
+
+    rng = np.random.default_rng(4)
+    d = 6
+    diags = [rng.uniform(0.1, 5, size=d) for _ in range(4)]
+    w = rng.dirichlet(np.ones(4))
+    calls = []
+    B = bures_barycenter([np.diag(v) for v in diags], w, progress=lambda *a: calls.append(a))
+    S0 = sum(wk * v for wk, v in zip(w, diags))
+    T = sum(wk * np.sqrt(v) for wk, v in zip(w, diags))
+    assert B.iterations == 2 and B.converged and len(B.history) == 2
+    rel0, res0 = B.history[0]
+    assert res0 == pytest.approx(np.linalg.norm(T / np.sqrt(S0) - 1) / np.sqrt(d), rel=1e-9)
+    assert rel0 == pytest.approx(np.linalg.norm(T**2 - S0) / np.linalg.norm(S0), rel=1e-9)
+    assert B.history[-1] == (B.rel_change, B.residual) and B.residual < 1e-12
+    assert B.rel_change < 1e-12
+    assert calls == [(i + 1, *h) for i, h in enumerate(B.history)]     # progress after each
+    rec = json.loads(json.dumps(B.record()))
+    assert rec == dict(iterations=2, rel_change=B.rel_change, residual=B.residual, converged=True)
+    g = gaussian_barycenter([np.zeros(d)] * 4, [np.diag(v) for v in diags], w)
+    assert g.record() == B.record() and g.history == B.history
+
+
+def test_identical_covariances_stop_at_the_first_residual():
+    rng = np.random.default_rng(7)
+    C = _spd(5, rng)
+    B = bures_barycenter([C, C, C], [0.2, 0.5, 0.3])
+    assert B.iterations == 1 and B.converged and B.residual < 1e-12
+    np.testing.assert_allclose(B.covariance, C, rtol=1e-10, atol=1e-12)
+
+
+def test_iteration_cap_returns_the_iterate_it_measured_not_converged():
+    """max_iter = 1: the weighted mean Σ w_k Σ_k is returned (the iterate whose residual was
+    measured), not converged, with the residual of :func:`fixed_point_residual` there."""
+    from fedalign.gaussian import fixed_point_residual
+
+    rng = np.random.default_rng(11)
+    covs, w = [_spd(5, rng) for _ in range(3)], np.array([0.2, 0.3, 0.5])
+    S0 = sum(wk * C for wk, C in zip(w, covs))
+    B = bures_barycenter(covs, w, max_iter=1)
+    assert B.iterations == 1 and not B.converged and not B.record()["converged"]
+    assert B.residual > 1e-3
+    np.testing.assert_allclose(B.covariance, S0, rtol=1e-10)
+    assert B.residual == pytest.approx(fixed_point_residual(S0, covs, w), rel=1e-8)
+    assert fixed_point_residual(bures_barycenter(covs, w, tol=1e-12).covariance, covs, w) < 1e-10
+
+
+def test_a_start_at_the_barycenter_is_returned_after_one_residual():
+    """``init`` = the barycenter: one residual evaluation, the start itself returned; and a
+    given start solves the full problem (no scalar-complement reduction)."""
+    rng = np.random.default_rng(12)
+    covs = _lowrank_plus_scalar(64, (6, 6), rng)
+    w = np.array([0.4, 0.6])
+    full = bures_barycenter(covs, w, tol=1e-12)
+    assert full.reduced_dim == 12
+    B = bures_barycenter(covs, w, tol=1e-8, init=full.covariance)
+    assert B.iterations == 1 and B.converged and B.reduced_dim is None
+    np.testing.assert_array_equal(B.covariance, full.covariance)
+
+
+def test_anderson_mixing_reaches_the_same_barycenter_in_fewer_iterations():
+    rng = np.random.default_rng(5)
+    covs = [_spd(8, rng) for _ in range(5)]
+    w = rng.dirichlet(np.ones(5))
+    plain = bures_barycenter(covs, w, tol=1e-12, anderson=0)
+    mixed = bures_barycenter(covs, w, tol=1e-12, anderson=5)
+    assert plain.converged and mixed.converged
+    assert mixed.iterations <= 0.75 * plain.iterations, (mixed.iterations, plain.iterations)
+    assert _rel(mixed.covariance, plain.covariance) < 1e-10
+    one = bures_barycenter(covs, w, tol=1e-12, workers=1)      # the clients' thread split
+    three = bures_barycenter(covs, w, tol=1e-12, workers=3)
+    assert _rel(one.covariance, three.covariance) < 1e-12 and one.iterations == three.iterations
+
+
+def test_weights_are_normalised_and_bad_weights_refused():
+    rng = np.random.default_rng(13)
+    covs = [_spd(4, rng) for _ in range(2)]
+    means = [np.zeros(4), np.ones(4)]
+    a = gaussian_barycenter(means, covs, [2.0, 6.0])
+    b = gaussian_barycenter(means, covs, [0.25, 0.75])
+    np.testing.assert_array_equal(a.weights, [0.25, 0.75])
+    np.testing.assert_allclose(a.mean, 0.75, rtol=1e-15)
+    np.testing.assert_allclose(a.covariance, b.covariance, rtol=1e-13)
+    np.testing.assert_array_equal(gaussian_barycenter(means, covs).weights, [0.5, 0.5])
+    for bad in ([1.0], [1.0, -0.5], [np.nan, 1.0], [0.0, 0.0], [1.0, np.inf]):
+        with pytest.raises(FedalignError, match="weights must be 2 nonnegative numbers"):
+            bures_barycenter(covs, bad)
+
+
+def test_one_client_and_no_client():
+    rng = np.random.default_rng(6)
+    C = _spd(4, rng)
+    bc = gaussian_barycenter([np.arange(4.0)], [C], weights=[3.0])
+    np.testing.assert_array_equal(bc.weights, [1.0])
+    assert bc.record() == dict(iterations=0, rel_change=0.0, residual=0.0, converged=True)
+    with pytest.raises(FedalignError, match="at least one covariance"):
+        bures_barycenter([])
+    with pytest.raises(FedalignError, match="means of size 2 and 3"):
+        gaussian_barycenter([np.zeros(2), np.zeros(3)], [np.eye(2), np.eye(2)])
+
+
+def test_scalar_clients_closed_form_uses_the_weights():
+    d = 64
+    B = bures_barycenter([2.0 * np.eye(d), 8.0 * np.eye(d)], [0.25, 0.75])
+    np.testing.assert_allclose(B.covariance, (0.25 * np.sqrt(2) + 0.75 * np.sqrt(8)) ** 2
+                               * np.eye(d), rtol=1e-10)
+    assert B.reduced_dim == 0
+    assert B.record() == dict(iterations=0, rel_change=0.0, residual=0.0, converged=True)
+
+
+@pytest.mark.parametrize("d, ranks, shared, reduced", [
+    (64, (16, 16), False, 32),     # the non-scalar span is exactly half the dimension
+    (64, (16, 17), False, None),   # one more: solved in full
+    (64, (32, 0), False, 32),      # one client alone non-scalar on half the dimension
+    (64, (33, 0), False, None),
+    (64, (8, 8), True, 8),         # a shared subspace counts once
+    (63, (8, 8), False, None),     # below 64 dimensions there is no reduction
+])
+def test_reduction_to_the_common_non_scalar_subspace_and_its_bounds(d, ranks, shared, reduced):
+    rng = np.random.default_rng(14)
+    covs = _lowrank_plus_scalar(d, ranks, rng, shared)
+    B = bures_barycenter(covs, [0.3, 0.7], tol=1e-12)
+    assert B.reduced_dim == reduced
+    full = bures_barycenter(covs, [0.3, 0.7], tol=1e-12, reduce=False)
+    assert full.reduced_dim is None and _rel(B.covariance, full.covariance) < 1e-10
+
+
+def test_bures_closed_forms_below_one_and_at_zero():
+    """Commuting matrices: B² = Σ (√a_i − √b_i)² (here < 1); a matrix with itself: 0."""
+    a, b = np.array([1.0, 0.25, 2.0]), np.array([0.81, 0.36, 2.25])
+    assert bures_squared(np.diag(a), np.diag(b)) == pytest.approx(
+        np.sum((np.sqrt(a) - np.sqrt(b)) ** 2), rel=1e-10)
+    C = _spd(5, np.random.default_rng(15))
+    assert bures_squared(C, C) == pytest.approx(0.0, abs=1e-9)
+    assert w2_squared(np.ones(5), C, np.ones(5), C) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_tau_below_zero_and_mismatched_map_shapes_are_named():
+    with pytest.raises(FedalignError, match=r"tau must be in \[0, 1\], got -0.1"):
+        interpolate_map(np.eye(2), np.zeros(2), -0.1)
+    with pytest.raises(FedalignError, match=r"source covariance \(2, 2\), reference \(3, 3\)"):
+        ot_map(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))
+    with pytest.raises(FedalignError, match=r"covariances \(2, 2\) and \(3, 3\)"):
+        bures_barycenter([np.eye(2), np.eye(3)])
+
+
+def test_singular_iterate_gets_the_smallest_ridge_that_factors_it():
+    """A ridge s·10^j·1e-14 (s = tr S / d), j = 0, 1, … until Cholesky succeeds: for
+    eigenvalues 1 and −3e-10 (s ≈ 0.5) the first that works is s·1e-9; a negative definite S
+    is an error."""
+    from fedalign._bures_fixed_point import _NumpyKernels, _safe_cholesky
+
+    kern = _NumpyKernels([np.eye(2)], np.ones(1), 1)
+    try:
+        S = np.diag([1.0, -3e-10])
+        L = _safe_cholesky(S, kern)
+        np.testing.assert_allclose(L @ L.T - S, np.trace(S) / 2 * 1e-9 * np.eye(2), rtol=1e-6,
+                                   atol=1e-20)
+        S = np.ones((2, 2))                                  # singular PSD: the first ridge, 1e-14
+        L = _safe_cholesky(S, kern)
+        np.testing.assert_allclose(np.diag(L @ L.T - S), 1e-14, rtol=0.05)
+        L = _safe_cholesky(np.eye(2) * 3.0, kern)            # SPD: no ridge at all
+        np.testing.assert_array_equal(L, np.sqrt(3.0) * np.eye(2))
+        with pytest.raises(FedalignError, match="lost positive definiteness"):
+            _safe_cholesky(-np.eye(2), kern)
+    finally:
+        kern.close()

@@ -132,21 +132,52 @@ def test_centralized_is_the_only_raw_method(clients):
     assert get_method("centralized").load().SHARES_RAW_DATA
 
 
+def _mixture_moments(msg, c, covariance):
+    """Mean (D,) and covariance (D, D) of the class-c mixture a FedPFT message sends."""
+    k = int(msg["n_components"][c])
+    w = msg["weights"][c, :k].astype(np.float64)
+    w = w / w.sum()
+    mu = msg["means"][c, :k].astype(np.float64)
+    S = msg["covariances"][c, :k].astype(np.float64)
+    S = {"spherical": lambda: S[:, None, None] * np.eye(D),
+         "diag": lambda: np.stack([np.diag(s) for s in S]), "full": lambda: S}[covariance]()
+    mean = w @ mu
+    second = np.einsum("k,kij->ij", w, S + mu[:, :, None] * mu[:, None, :])
+    return mean, second - np.outer(mean, mean)
+
+
+def _check_class_moments(msg, X, y, c, covariance):
+    """EM's M-step fixes the mixture's first two moments to the class's: its mean is the class
+    mean, its covariance the class's (biased) covariance plus scikit-learn's reg_covar 1e-6 on
+    the diagonal — all of it (full), its diagonal (diag) or its trace (spherical)."""
+    Xc = X[y == c].astype(np.float64)
+    mean, cov = _mixture_moments(msg, c, covariance)
+    want = np.cov(Xc.T, bias=True) + 1e-6 * np.eye(D)
+    np.testing.assert_allclose(mean, Xc.mean(0), atol=5e-3)          # float16 parameters
+    got, ref = {"full": (cov, want), "diag": (np.diag(cov), np.diag(want)),
+                "spherical": (np.trace(cov), np.trace(want))}[covariance]
+    np.testing.assert_allclose(got, ref, rtol=1e-2, atol=5e-3)
+
+
 def test_fedpft_message_float16_and_few_samples():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(30, D)).astype(np.float32)
     y = np.array([0] * 24 + [1] * 5 + [2])  # 24, 5 and 1 samples; class 3 absent
+    X[y == 1] += 4.0                        # class 1 elsewhere: the class GMMs are told apart
     cfg = get_method("fedpft").config({"components": 10})
     msg = fedpft.client_update(X, y, C, cfg, seed=0)
     for k in ("weights", "means", "covariances"):
         assert msg[k].dtype == np.float16
-    assert msg["covariances"].shape == (C, 10, D)
+    for c in (0, 1):                        # each class's GMM holds that class's moments
+        _check_class_moments(msg, X, y, c, "diag")
     assert list(msg["counts"]) == [24, 5, 1, 0]
     nc = msg["n_components"]
     assert 1 <= nc[0] <= 10 and 1 <= nc[1] <= 2 and nc[2] == 0 and nc[3] == 0  # ≤ ⌊n/2⌋, ≤ K
-    for c in (0, 1):  # every sent component carries ≥ 2 samples of weight; padding has weight 0
+    for c in range(C):  # every sent component carries ≥ 2 samples of weight; padding is zeros
         w = msg["weights"][c].astype(float)
-        assert np.all(w[: nc[c]] * msg["counts"][c] >= 2 - 0.05) and np.all(w[nc[c]:] == 0)
+        assert np.all(w[: nc[c]] * msg["counts"][c] >= 2 - 0.05)
+        assert not np.any(w[nc[c]:]) and not np.any(msg["means"][c, nc[c]:])
+        assert not np.any(msg["covariances"][c, nc[c]:])
     Xs, ys, report = fedpft.synthesize([msg], C, seed=0)
     assert np.bincount(ys, minlength=C).tolist() == [24, 5, 0, 0]
     assert report["unfitted"] == [(0, 2, 1)]
@@ -157,8 +188,18 @@ def test_fedpft_message_float16_and_few_samples():
     for cov in ("spherical", "full"):
         cfg2 = get_method("fedpft").config({"components": 2, "covariance": cov})
         m2 = fedpft.client_update(X, y, C, cfg2, seed=0)
-        assert m2["covariances"].shape == ((C, 2) if cov == "spherical" else (C, 2, D, D))
-        assert fedpft.synthesize([m2], C, seed=0)[0].shape == (29, D)
+        for c in (0, 1):
+            _check_class_moments(m2, X, y, c, cov)
+        # the server draws each class from that class's GMM: with the counts scaled up, the
+        # synthetic rows of class c have the moments of the GMM class c sent
+        big = dict(m2, counts=np.array([20_000, 20_000, 0, 0]))
+        Xs, ys, _ = fedpft.synthesize([big], C, seed=0)
+        assert np.bincount(ys, minlength=C).tolist() == [20_000, 20_000, 0, 0]
+        for c in (0, 1):
+            mean, S = _mixture_moments(m2, c, cov)
+            Z = Xs[ys == c].astype(np.float64)
+            np.testing.assert_allclose(Z.mean(0), mean, atol=0.05)
+            np.testing.assert_allclose(np.cov(Z.T), S, rtol=0.1, atol=0.05)
 
 
 def test_bad_options():

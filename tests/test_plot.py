@@ -1,4 +1,5 @@
-"""Plots are written, non-empty PNGs; bad input is a clean error."""
+"""Plots draw what they say (bar heights, colours and curves read back from the PNG pixels, the
+figures' artists); bad input is a clean error."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,55 @@ from fedalign.files import write_report
 from fedalign.plot import accuracy_series_from_reports, plot_accuracy, plot_embedding
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _png(path):
+    """RGB pixels (H, W, 3) in [0, 1] of a PNG file, after checking its signature."""
+    import matplotlib.image as mpimg
+
+    assert open(path, "rb").read(8) == PNG
+    return mpimg.imread(path)[..., :3]
+
+
+def _axes_columns(img):
+    """img restricted to the columns between the axes' left and right spines (the two
+    outermost dark columns spanning most of the height): the legend outside is left out."""
+    cols = np.flatnonzero((img.max(-1) < 0.3).sum(0) > 0.5 * img.shape[0])
+    assert len(cols) >= 2 and cols[-1] - cols[0] > 0.3 * img.shape[1], cols
+    return img[:, cols[0] + 2: cols[-1] - 1]
+
+
+def _hue_pixels(img, colour, min_saturation=0.3, tol=0.02) -> int:
+    """How many pixels have the hue of ``colour`` (a transparent marker blended with white
+    keeps its hue); greys, black and white never count."""
+    import matplotlib.colors as mcolors
+
+    hsv = mcolors.rgb_to_hsv(np.clip(img, 0, 1))
+    h = mcolors.rgb_to_hsv(np.array(mcolors.to_rgb(colour)))[0]
+    d = np.abs(hsv[..., 0] - h)
+    return int(((hsv[..., 1] >= min_saturation) & (np.minimum(d, 1 - d) < tol)).sum())
+
+
+def _bar_heights(img, colour):
+    """Heights in pixels of the bars of one solid colour, left to right: the longest vertical
+    run of that colour in each group of adjacent columns (groups much narrower than the widest
+    are legend patches)."""
+    import matplotlib.colors as mcolors
+
+    m = np.abs(img - np.array(mcolors.to_rgb(colour))).max(-1) < 0.02
+    xs = np.flatnonzero(m.any(0))
+    groups = np.split(xs, np.flatnonzero(np.diff(xs) > 1) + 1)
+    heights = []
+    for g in groups:
+        if len(g) < 0.6 * max(map(len, groups)):
+            continue                                        # a legend patch, not a bar
+        runs = []
+        for x in g:
+            col = np.concatenate([[0], m[:, x].astype(np.int8), [0]])
+            edges = np.flatnonzero(np.diff(col))
+            runs.append((edges[1::2] - edges[::2]).max())
+        heights.append(int(max(runs)))
+    return heights
 
 
 def test_embedding_before_after(feature_file, tmp_path):
@@ -51,11 +101,22 @@ def test_accuracy_from_reports(tmp_path):
     series = accuracy_series_from_reports([tmp_path / "b.json", tmp_path / "s.json"])
     assert list(series) == ["fedcgs baseline", "fedcgs +SLOT τ=0.4"]
     assert series["fedcgs baseline"] == {"A": 0.8, "B": 0.6}
-    out = plot_accuracy(series, tmp_path / "acc.png")
-    assert out.read_bytes()[:8] == PNG
     r = CliRunner().invoke(app, ["plot", "accuracy", str(tmp_path / "b.json"), "--method", "nope",
                                  "-o", str(tmp_path / "x.png")])
     assert r.exit_code == 2 and "no results for method" in r.output
+
+
+def test_accuracy_bars_are_percent_heights_per_series_and_their_mean(tmp_path):
+    """Two series, one in fractions and one in percent: six bars (A, B, mean per series) in the
+    series' colours C0, C1, their heights proportional to 90, 30, 60 and 45, 60, 52.5 %."""
+    out = plot_accuracy({"x": {"A": 0.9, "B": 0.3}, "y": {"A": 45.0, "B": 60.0}},
+                        tmp_path / "acc.png")
+    img = _png(out)
+    got = _bar_heights(img, "C0") + _bar_heights(img, "C1")
+    want = [90, 30, 60, 45, 60, 52.5]
+    assert len(got) == 6, got
+    scale = got[0] / want[0]
+    np.testing.assert_allclose(np.array(got) / scale, want, rtol=0.02, atol=0.6)
 
 
 def test_demo_data_cli(tmp_path):
@@ -133,10 +194,18 @@ def test_reconstruction_png_tsne_subsample_and_errors(tmp_path):
     X, y, Xs, ys = _recon_data(1, n=40, m=30)
     info = plot_reconstruction(X, y, Xs, ys, [0, 2], tmp_path / "r.png", method="tsne",
                                max_points=15)
-    assert info["path"].read_bytes()[:8] == PNG and info["method"] == "tsne"
+    assert info["method"] == "tsne"
     assert info["n_real"] == 15 and info["n_samples"] == 15
     assert sum(x["n"] for x in info["groups"]) == 30
-    assert len({x["color"] for x in info["groups"] if x["missing"]}) == 2
+    colours = {x["color"] for x in info["groups"] if x["missing"]}
+    assert len(colours) == 2
+    # the PNG draws both missing classes in their colours inside the axes, and no third colour
+    img = _axes_columns(_png(info["path"]))
+    from fedalign.plot import _missing_palette
+
+    assert set(_missing_palette(3)[:2]) == colours
+    assert all(_hue_pixels(img, c) > 100 for c in colours), [_hue_pixels(img, c) for c in colours]
+    assert _hue_pixels(img, _missing_palette(3)[2]) == 0
     with pytest.raises(FedalignError, match="no labels"):
         plot_reconstruction(X, np.full(len(y), -1), Xs, ys, [2], tmp_path / "x.png", "pca")
     with pytest.raises(FedalignError, match="d="):
@@ -177,7 +246,6 @@ def test_reconstruction_cli(recon_files):
                                  str(p / "t.h5"), "--missing", "mug", "--method", "pca",
                                  "--n-per-class", "20", "-o", str(p / "s.png")])
     assert r.exit_code == 0, r.output
-    assert (p / "s.png").read_bytes()[:8] == PNG
     said = " ".join(r.output.split())
     assert "0.30/0.70" in said and "2: 21 real / 20 reconstructed" in said, said
     r = CliRunner().invoke(app, ["plot", "reconstruction", "--atoms", str(p / "a.atoms.npz"),
@@ -186,6 +254,13 @@ def test_reconstruction_cli(recon_files):
     assert r.exit_code == 0, r.output
     said = " ".join(r.output.split())
     assert "0.25/0.75" in said and "missing classes: 2:" in said, said
+    # both pictures: the one missing class (mug) in the first colour inside the axes, no other
+    from fedalign.plot import _missing_palette
+
+    first, second = _missing_palette(2)
+    for png in (p / "s.png", p / "e.png"):
+        img = _axes_columns(_png(png))
+        assert _hue_pixels(img, first) > 100 and _hue_pixels(img, second) == 0, png
 
 
 @pytest.mark.parametrize("args, words", [
@@ -239,5 +314,23 @@ def test_consensus_plot_integer_ticks_labels_and_log_scale(tmp_path):
             assert ax.get_yscale() == scale
         finally:
             plt.close(fig)
-    png = plot_consensus({"a": _history([2.0, 1.0])}, tmp_path / "c.png")
-    assert png.read_bytes()[:8] == PNG
+    # two runs: one colour each (C0, C1), its mean solid and its max dashed, in the figure…
+    import matplotlib.colors as mcolors
+
+    runs = {"a": _history([2.0, 1.0, 0.5]), "b": _history([1.0, 0.8, 0.2], rounds=[0, 2, 4])}
+    fig = consensus_figure(runs)
+    try:
+        got = [(ln.get_label(), mcolors.to_hex(ln.get_color()), ln.get_linestyle(),
+                list(ln.get_xdata()), list(ln.get_ydata())) for ln in fig.axes[0].get_lines()]
+    finally:
+        plt.close(fig)
+    want = []
+    for i, (name, h) in enumerate(runs.items()):
+        col = mcolors.to_hex(f"C{i}")
+        want += [(f"{name} (mean over pairs)", col, "-", list(h["rounds"]), list(h["mean"])),
+                 (f"{name} (max)", col, "--", list(h["rounds"]), list(h["max"]))]
+    assert got == want
+    # …and in the PNG
+    img = _axes_columns(_png(plot_consensus(runs, tmp_path / "c.png")))
+    assert _hue_pixels(img, "C0") > 300 and _hue_pixels(img, "C1") > 300
+    assert _hue_pixels(img, "C2") == 0

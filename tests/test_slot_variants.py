@@ -148,11 +148,12 @@ def test_transport_layer_trains_through_the_schedule(clients, monkeypatch):
     A = 0.5 * (A + A.T)
     t = rng.normal(size=D)
     X, y = clients[0]
-    # fixed τ through the layer == training on T_τ(X) computed the same way
-    delta = (X @ A.T + t - X).astype(np.float32)
+    # fixed τ through the layer == training on T_τ(X) computed the same way (float64)
+    X64 = X.astype(np.float64)
+    delta = X64 @ A.T + t - X64
     a = linear.train_softmax(X, y, C, epochs=3, lr=0.01, batch_size=16, seed=5, transport=(A, t),
                              taus=[0.3] * 3)
-    b = linear.train_softmax(X + np.float32(0.3) * delta, y, C, epochs=3, lr=0.01, batch_size=16, seed=5)
+    b = linear.train_softmax(X64 + 0.3 * delta, y, C, epochs=3, lr=0.01, batch_size=16, seed=5)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     # ofedavg reference: the clients get the reversed cosine schedule of their epochs
     calls = []
@@ -197,7 +198,7 @@ def test_logit_adjustment_ignores_classes_a_client_lacks():
     W, b = linear.train_softmax(X, y, C, epochs=5, lr=0.1, batch_size=16, seed=0, init=init, logit_offset=off,
                                 weight_decay=0.0)
     assert np.all(np.isfinite(W)) and np.all(np.isfinite(b))
-    assert np.array_equal(W[2:], init[0][2:].astype(np.float32).astype(np.float64))  # no gradient
+    assert np.array_equal(W[2:], init[0][2:])  # no gradient
 
 
 def test_several_rounds(clients):

@@ -487,6 +487,17 @@ def main():  # pragma: no cover - exercised through subprocess tests
     # arrays only, so its processes skip them (set any of these to "" to re-enable)
     for key in ("PYTORCH", "JAX", "TENSORFLOW", "CUPY"):
         os.environ.setdefault(f"POT_BACKEND_DISABLE_{key}", "1")
+    # numpy's BLAS on one thread unless OPENBLAS_NUM_THREADS says otherwise: the pipeline's
+    # matrices (d ≈ 1000) are too small for its thread pool, which on 2 cores costs 2–3× the
+    # CPU time for no shorter run (4× when another job shares the cores). numpy is not
+    # imported yet, so the variable is read when it is. torch keeps its threads (extract,
+    # --threads), but they sleep while they wait instead of spinning: with another job on the
+    # cores a spinning pool costs extract 2–3× the CPU time of one thread, a sleeping one none.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # POT without its optional scikit-learn / networkx integrations (~0.5 s of every DaDiL
+    # command): see fedalign.dadil.distances.emd_plan
+    os.environ.setdefault("FEDALIGN_POT_LEAN", "1")
     try:
         app()
     except FedalignError as e:  # raised outside a command (should not happen)

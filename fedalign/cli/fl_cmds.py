@@ -133,7 +133,8 @@ def evaluate_cmd(
     from fedalign.cli.options import parse_params, parse_seeds
     from fedalign.errors import FedalignError
     from fedalign.evaluate import (EXTERNAL_METHODS, build_report, check_params, check_seeds,
-                                   evaluate_external, evaluate_method, load_inputs)
+                                   evaluate_external, evaluate_method, load_inputs,
+                                   privacy_lines)
     from fedalign.protocol import load_client_maps
     from fedalign.files import write_report
     from fedalign.heads import get_method
@@ -159,7 +160,7 @@ def evaluate_cmd(
                                                maps=client_maps))
     out.print(result_table(results, [t.domain for t in tests], seeds))
     for r in results:
-        for line in fold_notes(r.method, r.notes):
+        for line in fold_notes(r.method, r.notes) + privacy_lines(r):
             err.print(line, markup=False)
         losses = [d["train_loss"] for d in getattr(r, "diagnostics", []) if d and "train_loss" in d]
         if losses:

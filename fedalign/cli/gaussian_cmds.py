@@ -40,32 +40,86 @@ def stats_cmd(
     chunk_rows: int = chunk_rows_option("Rows read per chunk (memory ∝ chunk_rows·d + d²)."),
     backend: str = _backend_option(),
     device: str = _device_option(),
+    dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", help="Release the statistics with (ε, δ)-differential privacy (add/remove one row): rows clipped to --clip, Gaussian noise on the count, Σx and Σxxᵀ."),
+    dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="δ of the DP release, in (0, 1)."),
+    clip: Optional[float] = typer.Option(None, "--clip", help="L2 norm C every row is clipped to for the DP release (> 0)."),
+    dp_mechanism: str = typer.Option("analytic", "--dp-mechanism", help="analytic (Balle & Wang's exact calibration, default) or zcdp (ρ-zCDP, standard conversion to (ε, δ))."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the DP noise (reproducible, so not secret: for tests). Default: fresh from the OS."),
 ):
     """Mean and Ledoit–Wolf shrunk covariance of a features file, in one streaming pass.
 
-    The file holds aggregates only (counts, sums, moments), never per-sample rows.
+    The file holds aggregates only (counts, sums, moments), never per-sample rows. With
+    --dp-epsilon/--dp-delta/--clip it is a differentially private release instead (fedalign.dp):
+    the noisy count, Σx and Σxxᵀ, a covariance post-processed from them (PSD projection and a
+    shrinkage rule that needs no fourth moment), and the release record (mechanism, ε, δ, C,
+    each σ, the clipped fraction) in its metadata; barycenter and align carry it forward.
     """
     from fedalign.files import open_features, sha256_file
     from fedalign.stats import compute_stats, save_stats
 
     from fedalign.align import stats_digest
 
+    spec = _dp_spec(dp_epsilon, dp_delta, clip, dp_mechanism, seed, per_class, shrinkage)
     shr = parse_shrinkage(shrinkage)
     bk = _compute(backend, device)
     with open_features(features) as ff:
         n = ff.n
         client, domain = _owner_of(features, ff.provenance)
     t0 = time.perf_counter()
-    with progress_bar(n, f"stats {features.name}") as bar:
-        st = compute_stats(features, shr, per_class, chunk_rows, progress=bar, backend=bk)
-    meta = dict(producer="fedalign stats", source=str(features), source_sha256=sha256_file(features),
-                shrinkage_option=str(shrinkage), class_names=st.class_names, client=client,
-                domain=domain, stats_sha256=stats_digest(st))
+    if spec is not None:
+        from fedalign.dp import noise_rng, release_stats_of_file
+
+        with progress_bar(n, f"stats {features.name} (DP)") as bar:
+            st = release_stats_of_file(features, spec, noise_rng(seed), shr, chunk_rows, progress=bar,
+                                       backend=None if not bk.is_torch else bk)
+        st.dp.update(noise_seed="given (--seed): reproducible, so the noise is not secret"
+                     if seed is not None else "fresh from the OS, not recorded")
+        # no source_sha256: a digest of the private rows is not a DP release
+        meta = dict(producer="fedalign stats", source=str(features), shrinkage_option=str(shrinkage),
+                    class_names=st.class_names, client=client, domain=domain,
+                    stats_sha256=stats_digest(st), dp=st.dp)
+    else:
+        with progress_bar(n, f"stats {features.name}") as bar:
+            st = compute_stats(features, shr, per_class, chunk_rows, progress=bar, backend=bk)
+        meta = dict(producer="fedalign stats", source=str(features), source_sha256=sha256_file(features),
+                    shrinkage_option=str(shrinkage), class_names=st.class_names, client=client,
+                    domain=domain, stats_sha256=stats_digest(st))
     if bk.record():
         meta["compute"] = bk.record()
     save_stats(output, st, meta)
-    err.print(f"stats: n={st.n} d={st.d} shrinkage={st.shrinkage:.4g} "
+    dp_note = ""
+    if spec is not None:
+        g = st.dp["guarantee"]
+        dp_note = (f" DP {spec.mechanism} ε={spec.epsilon:g} δ={spec.delta:g} C={spec.clip:g} "
+                   f"(μ={g['mu']:.4g}), clipped {100 * st.dp['clipped_fraction']:.1f}% of rows;")
+    n_txt = f"n={st.n}" if spec is None else f"n≈{st.n} (released with noise)"
+    err.print(f"stats: {n_txt} d={st.d} shrinkage={st.shrinkage:.4g}{dp_note} "
               f"({time.perf_counter() - t0:.2f}s{_on(bk)}) → {output}")
+
+
+def _dp_spec(epsilon, delta, clip, mechanism, seed, per_class, shrinkage):
+    """The DP budget of ``stats`` (None without --dp-epsilon), or one error line for options
+    that cannot be honoured together."""
+    from fedalign.errors import FedalignError
+
+    if epsilon is None:
+        given = [f for f, v in (("--dp-delta", delta), ("--clip", clip), ("--seed", seed)) if v is not None]
+        if given:
+            raise FedalignError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a DP "
+                                "release: also give --dp-epsilon")
+        return None
+    if per_class:
+        raise FedalignError("--per-class cannot be honoured with --dp-epsilon: class counts and sums "
+                            "are not released with DP by stats (a DP FedCGS message is "
+                            "evaluate --param fedcgs.dp_epsilon=…)")
+    if delta is None or clip is None:
+        raise FedalignError("--dp-epsilon needs --dp-delta and --clip (the L2 norm rows are clipped to)")
+    from fedalign.dp import check_shrinkage, make_spec
+
+    spec = make_spec(epsilon, delta, clip, mechanism, dict(
+        epsilon="--dp-epsilon", delta="--dp-delta", clip="--clip", mechanism="--dp-mechanism"))
+    check_shrinkage(parse_shrinkage(shrinkage), "--shrinkage")
+    return spec
 
 
 def _owner_of(path: Path, provenance: dict) -> tuple:
@@ -139,11 +193,18 @@ def barycenter_cmd(
         if strict:
             raise FedalignError(f"{why}; raise --max-iter or --tol, or drop --strict")
         err.print(f"warning: {why}; the reference records converged = false")
-    save_reference(output, ref, dict(producer="fedalign barycenter",
-                                     sources=[str(p) for p in stats],
-                                     source_sha256=[sha256_file(p) for p in stats]))
+    from fedalign.align import stats_digest
+    from fedalign.dp import reference_inputs
+
+    extra = dict(producer="fedalign barycenter", sources=[str(p) for p in stats],
+                 source_sha256=[sha256_file(p) for p in stats])
+    dp_inputs = reference_inputs([_stats_meta(p) for p in stats], [stats_digest(st) for st in sts])
+    if dp_inputs is not None:
+        extra["dp_inputs"] = dp_inputs  # each input's DP record (None: exact statistics)
+    save_reference(output, ref, extra)
     status = "converged" if c["converged"] else "NOT converged"
-    err.print(f"barycenter: K={len(sts)} d={ref.d} {status} in {c['iterations']} iterations, "
+    n_dp = "" if dp_inputs is None else f", {sum(e['dp'] is not None for e in dp_inputs)} DP inputs"
+    err.print(f"barycenter: K={len(sts)}{n_dp} d={ref.d} {status} in {c['iterations']} iterations, "
               f"rel. change {c['rel_change']:.2e}, residual {c['residual']:.2e} "
               f"({time.perf_counter() - t0:.2f}s{_on(bk)}) → {output}")
 
@@ -170,6 +231,11 @@ def align_cmd(
     several clients per domain, with the domain map (--stats of each of its clients). The map
     and the aligned file record whose map it is (client, or domain and its clients) and the
     statistics' digest; evaluate refuses a test file mapped with another domain's map.
+
+    DP: without --stats a client maps its rows with its exact statistics (they never leave it);
+    with --stats client.dp.npz the map is built from its released statistics, which a DP head
+    message sent afterwards needs for its guarantee to hold (evaluate's privacy report says
+    which case applies). The map and the aligned file carry the DP records forward.
     """
     from fedalign.align import (align_file, client_map, domain_map, load_map, load_reference,
                                 map_provenance, save_map as _save_map)

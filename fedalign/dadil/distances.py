@@ -27,6 +27,9 @@ Mixture Models and Optimal Transport", ECML-PKDD 2024.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 #: Iteration bound of POT's network simplex.
@@ -63,10 +66,31 @@ def mixture_cost(m1, v1, m2, v2, L1=None, L2=None, beta=None) -> np.ndarray:
     return C
 
 
-def emd_plan(w1, w2, C) -> np.ndarray:
-    """Exact OT plan (K1, K2) between weights (normalised to sum 1) for a cost matrix."""
+def _pot():
+    """POT's ``ot`` module. In fedalign's CLI processes (``FEDALIGN_POT_LEAN=1``, set by
+    ``fedalign.cli.main``) it is imported without its optional scikit-learn and networkx
+    integrations (k-means / spectral / Louvain initialisations of POT's low-rank and quantized
+    Gromov solvers, which fedalign never calls): ``import ot`` otherwise loads scikit-learn,
+    scipy.stats, pandas and networkx, half a second of every DaDiL command. The network
+    simplex is the same either way."""
+    if "ot" not in sys.modules and os.environ.get("FEDALIGN_POT_LEAN") == "1":
+        hidden = [m for m in ("sklearn", "networkx") if m not in sys.modules]
+        for m in hidden:
+            sys.modules[m] = None  # `import m` raises ImportError: POT skips the integration
+        try:
+            import ot  # noqa: F401
+        finally:
+            for m in hidden:
+                if m in sys.modules and sys.modules[m] is None:
+                    del sys.modules[m]
     import ot
 
+    return ot
+
+
+def emd_plan(w1, w2, C) -> np.ndarray:
+    """Exact OT plan (K1, K2) between weights (normalised to sum 1) for a cost matrix."""
+    ot = _pot()
     w1, w2 = _f64(w1), _f64(w2)
     return ot.emd(w1 / w1.sum(), w2 / w2.sum(), np.ascontiguousarray(C, dtype=np.float64),
                   numItermax=EMD_MAX_ITER)

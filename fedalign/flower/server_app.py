@@ -311,6 +311,7 @@ def _check_stats(ex: Exchange, d: int, names: list):
 
 def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     """SLOT-Align and the chosen heads over the nodes; writes OUT/ref.npz and OUT/slot.json."""
+    from fedalign.dp import config_record
     from fedalign.evaluate import MethodResult
 
     t0 = time.perf_counter()
@@ -419,7 +420,7 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
         per_seed = [{dom: float(cfg["accuracy"][f"{h}/s{seed}"]) for dom, (_, cfg) in domains.items()}
                     for seed in seeds]
         cfg = lib.head_config(h, params.get(h))[1]
-        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, dataclasses.asdict(cfg)))
+        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, config_record(cfg)))
     timing["evaluate"] = time.perf_counter() - t1
     timing["total"] = time.perf_counter() - t0
 

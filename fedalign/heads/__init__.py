@@ -2,7 +2,9 @@
 
 Every method is a module with
 
-- ``MESSAGE_KEYS``: the names of the arrays a client message may contain (what leaves a client);
+- ``MESSAGE_KEYS``: the names of the arrays a client message contains (what leaves a client);
+  optionally ``OPTIONAL_MESSAGE_KEYS``, arrays only some messages carry (a DP message's
+  clipped fraction);
 - ``Config``: a dataclass of the method's options (``--param METHOD.KEY=VALUE`` in the CLI);
 - ``client_update(X, y, n_classes, config, seed, init=None) -> dict``: runs on a client, on its
   private features X (n, d) and labels y (n,), and returns the message (a dict of numpy arrays);
@@ -30,6 +32,11 @@ fedpft         per-class GMM parameters in float16 → synthetic features       
 fed3r          XᵀX and XᵀY → closed-form ridge classifier                        Fanì 2024
 centralized    raw features and labels (the pooled-data upper reference)        —
 =============  ==============================================================  ==============
+
+Differential privacy: the heads whose messages are sums (fedcgs, fed3r) take ``dp_epsilon``,
+``dp_delta``, ``clip`` and ``dp_mechanism`` (off by default): each client clips its rows and
+adds Gaussian noise to its message (:mod:`fedalign.dp`), the server post-processes, and
+``head.info["dp"]`` records the release.
 
 :func:`run_method` runs a method end to end on a list of clients.
 """
@@ -230,7 +237,7 @@ def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, par
             extra = {} if transports is None else {"transport": transports[k]}
             msg = mod.client_update(np.asarray(X), np.asarray(y), n_classes, cfg, round_seed(seed, k, r),
                                     init=init, **extra)
-            undeclared = set(msg) - set(mod.MESSAGE_KEYS)
+            undeclared = set(msg) - set(mod.MESSAGE_KEYS) - set(getattr(mod, "OPTIONAL_MESSAGE_KEYS", ()))
             if undeclared:  # a programming error, not bad input
                 raise RuntimeError(f"{m.name}: message has undeclared keys {sorted(undeclared)}")
             messages.append(msg)

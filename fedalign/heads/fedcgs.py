@@ -32,6 +32,19 @@ Variants (``fedcgs.variant``):
      scores for them are NaN; here they get b_c = −∞ and are never predicted.
   3. Precision: the reference accumulates in float64 from float32 features, as here; its
      head is then cast to float32 for scoring, here scores are float64.
+
+Differential privacy (``fedcgs.dp_epsilon``, ``dp_delta``, ``clip``, ``dp_mechanism``; off by
+default, ε = inf). Each client clips its labeled rows to ‖x‖ ≤ C and releases the class counts
+(sensitivity 1), the class sums (C in total: a row touches one class) and the upper triangle
+of Σxxᵀ (C²) with Gaussian noise (:mod:`fedalign.dp`; shares of μ² 5 / 25 / 70 %), seeded by
+the client's seed; Σx is the sum of the noisy class sums (post-processing). The message also
+carries the exact clipped fraction, outside the guarantee (:data:`fedalign.dp.CLIPPED_NOTE`).
+The server post-processes: a class whose noisy total count is below 1 counts as absent, the
+total covariance S is projected to PSD (eigenvalues clipped at 0) before the ridge, and the
+noise floor 2σ√(K d)/N of the summed second moments (:func:`fedalign.dp.release.noise_floor`)
+is added to its diagonal: directions that only the noise made are not inverted (with the ridge
+alone, accuracy fell as ε grew); ``head.info["dp"]`` records the release (σ of every part) and
+each client's clipped fraction.
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from fedalign.errors import FedalignError
 from fedalign.heads import LinearHead
 
 MESSAGE_KEYS = ("class_counts", "class_sums", "sum_x", "sum_xx")
+OPTIONAL_MESSAGE_KEYS = ("clipped_fraction",)  # a DP message only
 
 
 @dataclass
@@ -52,6 +66,10 @@ class Config:
     covariance: str = "total"
     ridge: float = 0.01
     ddof: int = 0
+    dp_epsilon: float = float("inf")
+    dp_delta: float = 0.0
+    clip: float = 0.0
+    dp_mechanism: str = "analytic"
 
     VARIANTS = {"fedalign": {}, "reference": dict(covariance="total", ridge=0.0, ddof=1)}
 
@@ -62,16 +80,54 @@ class Config:
             raise FedalignError(f"fedcgs.covariance must be total or within, got {self.covariance!r}")
         if not 0.0 <= self.ridge <= 1.0:
             raise FedalignError(f"fedcgs.ridge must be in [0, 1], got {self.ridge}")
+        self.spec()
+
+    def spec(self):
+        """The DP budget of the message (None: exact message)."""
+        from fedalign.dp import config_spec
+
+        return config_spec(self, "fedcgs")
+
+
+def _dp_parts(C: float, n_classes: int, d: int) -> dict:
+    """The released parts of a DP message: name → (sensitivity, share, coordinates, symmetric)."""
+    from fedalign.dp.release import COUNT_SHARE, FIRST_SHARE, SECOND_SHARE
+
+    return dict(class_counts=(1.0, COUNT_SHARE, n_classes, False),
+                class_sums=(C, FIRST_SHARE, n_classes * d, False),
+                sum_xx=(C * C, SECOND_SHARE, d * (d + 1) // 2, True))
 
 
 def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None) -> dict:
-    """Aggregates only: (C,) counts, (C, d) class sums, (d,) Σx, (d, d) Σxxᵀ."""
+    """Aggregates only: (C,) counts, (C, d) class sums, (d,) Σx, (d, d) Σxxᵀ; with DP the
+    same keys noisy (counts as floats) plus the clipped fraction (module docstring)."""
     from fedalign.stats import Moments
 
+    spec = config.spec()
+    if spec is not None:
+        return _dp_update(np.asarray(X), np.asarray(y), n_classes, spec, seed)
     m = Moments(np.asarray(X).shape[1], n_classes=n_classes).update(X, y).finalize()
     sx, sxx = m.raw_sums()
     return {"class_counts": m.class_counts.copy(), "class_sums": m.class_sums.copy(),
             "sum_x": sx, "sum_xx": sxx}
+
+
+def _dp_update(X, y, n_classes: int, spec, seed) -> dict:
+    from fedalign.dp import Part, clip_rows, noise_rng, release
+    from fedalign.stats import Moments
+
+    keep = y >= 0
+    Xc, k = clip_rows(X[keep], spec.clip)
+    d = Xc.shape[1]
+    m = Moments(d, shift=np.zeros(d), n_classes=n_classes).update(Xc, y[keep]).finalize()
+    plan = _dp_parts(spec.clip, n_classes, d)
+    values = dict(class_counts=m.class_counts.astype(np.float64), class_sums=m.class_sums,
+                  sum_xx=m.sum_yy)
+    parts = {name: Part(values[name], sens, share, sym) for name, (sens, share, _, sym) in plan.items()}
+    noisy, _ = release(parts, spec, noise_rng(seed))
+    return {"class_counts": noisy["class_counts"], "class_sums": noisy["class_sums"],
+            "sum_x": noisy["class_sums"].sum(axis=0), "sum_xx": noisy["sum_xx"],
+            "clipped_fraction": np.float64(k / max(len(Xc), 1))}
 
 
 def global_statistics(messages, ddof: int = 0):
@@ -105,10 +161,45 @@ def lda_head(Nc, Mc, Sigma) -> LinearHead:
 
 
 def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) -> LinearHead:
+    spec = config.spec()
+    if spec is not None:
+        messages = _dp_counts(messages)
     Nc, Mc, mu, S = global_statistics(messages, config.ddof)
+    if spec is not None:
+        S = _psd(S)
     if config.covariance == "within":
         D = Mc - mu
         S = S - (D.T * (Nc / (Nc.sum() - config.ddof))) @ D
+        if spec is not None:
+            S = _psd(S)
     d = S.shape[0]
     Sigma = (1.0 - config.ridge) * S + config.ridge * (np.trace(S) / d) * np.eye(d)
-    return lda_head(Nc, Mc, Sigma)
+    if spec is None:
+        return lda_head(Nc, Mc, Sigma)
+    from fedalign.dp import describe
+    from fedalign.dp.release import SIMULATION_SEED, noise_floor
+
+    rec = describe(spec, _dp_parts(spec.clip, n_classes, d))
+    # the noise floor of Σ Σxxᵀ, divided by N as S is (fedalign.dp.release.noise_floor)
+    floor = noise_floor(rec["parts"]["sum_xx"]["sigma"], d, len(messages)) / max(Nc.sum(), 1.0)
+    head = lda_head(Nc, Mc, Sigma + floor * np.eye(d))
+    head.info["dp"] = dict(record=dict(rec, noise_seed=SIMULATION_SEED),
+                           clipped_fraction=[float(m["clipped_fraction"]) for m in messages])
+    head.info["noise_floor"] = floor
+    return head
+
+
+def _dp_counts(messages) -> list:
+    """Noisy class counts → the server's counts: a class whose summed noisy count is below 1
+    is absent (its counts set to 0 in every message), others are kept as released."""
+    total = sum(np.asarray(m["class_counts"], dtype=np.float64) for m in messages)
+    present = total >= 1.0
+    return [dict(m, class_counts=np.where(present, np.asarray(m["class_counts"], dtype=np.float64), 0.0),
+                 class_sums=np.where(present[:, None], m["class_sums"], 0.0)) for m in messages]
+
+
+def _psd(S: np.ndarray) -> np.ndarray:
+    """Projection of a symmetric matrix on the PSD cone (eigenvalues clipped at 0, float64)."""
+    w, V = np.linalg.eigh(0.5 * (S + S.T))
+    P = (V * np.clip(w, 0.0, None)) @ V.T
+    return 0.5 * (P + P.T)

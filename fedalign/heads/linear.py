@@ -1,7 +1,8 @@
-"""Training a linear softmax head with torch (shared by ofedavg, fedpft and centralized).
+"""Training a linear softmax head (shared by ofedavg, fedpft and centralized).
 
 Deterministic given the seed: the initialisation and the mini-batch order come from a numpy
-generator, and torch runs on the CPU in float32.
+generator; the training is numpy in float64 (the gradient written out, PyTorch's SGD and AdamW
+step for step: :func:`train_softmax`).
 
 Options beyond plain mini-batch cross-entropy (all off by default):
 
@@ -42,6 +43,13 @@ def train_softmax(X, y, n_classes: int, *, epochs: int, lr: float, batch_size: i
                   transport=None, taus=None, info: dict | None = None):
     """Minimise the cross-entropy of softmax(X Wᵀ + b) by mini-batch SGD or AdamW.
 
+    The loss of a batch B of m rows is L = (1/m) Σ_{i∈B} −log p_{i,y_i}, p_i = softmax(z_i),
+    z_i = W x_i + b (+ o); its gradient is ∂L/∂z_i = (p_i − e_{y_i}) / m, so
+    ∂L/∂W = Gᵀ X_B and ∂L/∂b = Gᵀ 1 with G the (m, C) matrix of those rows. The optimisers
+    are PyTorch's, step for step: SGD with momentum μ and coupled weight decay λ
+    (g = ∇L + λθ; v = g at the first step, v = μ v + g after; θ ← θ − lr v) and AdamW
+    (θ ← (1 − lr λ) θ, then Adam with β = (0.9, 0.999), ε = 1e-8), on W and b alike.
+
     Parameters
     ----------
     X : (n, d) features; y : (n,) labels in [0, C)
@@ -58,69 +66,118 @@ def train_softmax(X, y, n_classes: int, *, epochs: int, lr: float, batch_size: i
     Returns
     -------
     W : (C, d) float64, b : (C,) float64
+
+    Notes
+    -----
+    numpy, float64, one BLAS thread (these heads are tiny: a thread pool only costs time on
+    a shared machine). The gradient is written out rather than taken by autograd: the same
+    maths as the torch (float32) trainer this replaces, 2–5× less time per step (d = 1280,
+    C = 10, batch 64) and no torch import (~1.5 s of every ``evaluate``). A client with
+    n ≤ ``batch_size`` rows takes one full-batch step per epoch (its shuffle would only
+    reorder a sum, so none is drawn).
     """
-    import torch
+    from threadpoolctl import threadpool_limits
 
-    # One thread: these heads are tiny, and on a shared machine torch's thread pool is
-    # dozens of times slower than a single thread.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _train(torch, X, y, n_classes, epochs, lr, batch_size, optimizer, momentum,
-                      weight_decay, softmax_before_ce, seed, init, logit_offset, transport, taus, info)
-    finally:
-        torch.set_num_threads(threads)
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _train(X, y, n_classes, epochs, lr, batch_size, optimizer, momentum, weight_decay,
+                      softmax_before_ce, seed, init, logit_offset, transport, taus, info)
 
 
-def _train(torch, X, y, n_classes, epochs, lr, batch_size, optimizer, momentum, weight_decay,
+def _loss_grad(Xb, yb, Wb, off, softmax_before_ce, grad=True):
+    """Mean cross-entropy of the rows ``Xb`` (m, d + 1; last column 1) under the augmented
+    head ``Wb`` = [W b] (C, d + 1), and its gradient (C, d + 1) (module docstring)."""
+    Z = Xb @ Wb.T
+    if off is not None:
+        Z += off
+    m = len(yb)
+    rows = np.arange(m)
+    S = None
+    if softmax_before_ce:  # z → s = softmax(z) → CE(s): the chain rule through the softmax
+        Z -= Z.max(axis=1, keepdims=True)
+        np.exp(Z, out=Z)
+        Z /= Z.sum(axis=1, keepdims=True)
+        S, Z = Z, Z.copy()
+    Z -= Z.max(axis=1, keepdims=True)
+    E = np.exp(Z)
+    tot = E.sum(axis=1)
+    loss = float(np.mean(np.log(tot) - Z[rows, yb]))
+    if not grad:
+        return loss, None
+    G = E
+    G /= tot[:, None]
+    G[rows, yb] -= 1.0
+    if S is not None:
+        G = S * (G - np.einsum("ij,ij->i", G, S)[:, None])
+    G /= m
+    return loss, G.T @ Xb
+
+
+def _train(X, y, n_classes, epochs, lr, batch_size, optimizer, momentum, weight_decay,
            softmax_before_ce, seed, init, logit_offset, transport, taus, info):
-    X = np.asarray(X, dtype=np.float32)
+    X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)
     n, d = X.shape
     if n == 0:
         raise FedalignError("cannot train a head on zero samples")
-    epochs = int(epochs)
+    if optimizer not in ("sgd", "adamw"):
+        raise FedalignError(f"optimizer must be sgd or adamw, got {optimizer!r}")
+    epochs, batch_size = int(epochs), int(batch_size)
     if transport is not None and (taus is None or len(taus) != epochs):
         raise FedalignError(f"a transport layer needs one τ per epoch ({epochs}), got "
                             f"{'none' if taus is None else len(taus)}")
     rng = np.random.default_rng(seed)
     W0, b0 = init if init is not None else default_init(d, n_classes, int(rng.integers(2**31)))
-    W = torch.tensor(np.asarray(W0, dtype=np.float32), requires_grad=True)
-    b = torch.tensor(np.asarray(b0, dtype=np.float32), requires_grad=True)
-    if optimizer == "sgd":
-        opt = torch.optim.SGD([W, b], lr=lr, momentum=momentum, weight_decay=weight_decay)
-    elif optimizer == "adamw":
-        opt = torch.optim.AdamW([W, b], lr=lr, weight_decay=weight_decay)
-    else:
-        raise FedalignError(f"optimizer must be sgd or adamw, got {optimizer!r}")
-    X0, yt = torch.from_numpy(X), torch.from_numpy(y)
+    # the augmented head [W b] on rows [x 1]: one product per direction, one update
+    Wb = np.empty((n_classes, d + 1))
+    Wb[:, :d], Wb[:, d] = W0, b0
+    X0 = np.empty((n, d + 1))
+    X0[:, :d], X0[:, d] = X, 1.0
     delta = None
     if transport is not None:
         A, t = (np.asarray(a, dtype=np.float64) for a in transport)
-        delta = torch.from_numpy((X @ A.T + t - X).astype(np.float32))  # T_1(X) − X
-    off = None if logit_offset is None else torch.tensor(np.asarray(logit_offset, np.float32))
+        delta = X @ A.T + t - X  # T_1(X) − X
+    off = None if logit_offset is None else np.asarray(logit_offset, np.float64)
+    lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
+    buf = exp_avg = exp_avg_sq = None
+    if optimizer == "adamw":
+        beta1, beta2, eps = 0.9, 0.999, 1e-8
+        exp_avg, exp_avg_sq = np.zeros_like(Wb), np.zeros_like(Wb)
 
-    def loss_of(Xb, yb):
-        logits = Xb @ W.T + b
-        if off is not None:
-            logits = logits + off
-        if softmax_before_ce:
-            logits = torch.softmax(logits, dim=1)
-        return torch.nn.functional.cross_entropy(logits, yb)
-
-    Xt, steps = X0, 0
+    Xt, yt, steps = X0, y, 0
     for e in range(epochs):
         if delta is not None:
-            Xt = X0 + float(taus[e]) * delta
-        order = torch.from_numpy(rng.permutation(n))
+            Xt = X0.copy()
+            Xt[:, :d] += float(taus[e]) * delta
+        if n > batch_size:
+            order = rng.permutation(n)
+            Xe, ye = Xt[order], y[order]
+        else:  # one full batch: the shuffle would only reorder its sum
+            Xe, ye = Xt, y
         for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            loss = loss_of(Xt[idx], yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            _, g = _loss_grad(Xe[start:start + batch_size], ye[start:start + batch_size], Wb, off,
+                              softmax_before_ce)
             steps += 1
+            if optimizer == "sgd":
+                if weight_decay:
+                    g += weight_decay * Wb
+                if momentum:
+                    if buf is None:
+                        buf = g
+                    else:
+                        buf *= momentum
+                        buf += g
+                    g = buf
+                Wb -= lr * g
+            else:
+                if weight_decay:
+                    Wb *= 1.0 - lr * weight_decay
+                exp_avg *= beta1
+                exp_avg += (1.0 - beta1) * g
+                exp_avg_sq *= beta2
+                exp_avg_sq += (1.0 - beta2) * g * g
+                bc1, bc2 = 1.0 - beta1 ** steps, 1.0 - beta2 ** steps
+                Wb -= (lr / bc1) * exp_avg / (np.sqrt(exp_avg_sq) / np.sqrt(bc2) + eps)
     if info is not None:
-        with torch.no_grad():
-            info.update(final_loss=float(loss_of(Xt, yt)), steps=steps, epochs=epochs)
-    return W.detach().numpy().astype(np.float64), b.detach().numpy().astype(np.float64)
+        info.update(final_loss=_loss_grad(Xt, yt, Wb, off, softmax_before_ce, grad=False)[0],
+                    steps=steps, epochs=epochs)
+    return Wb[:, :d].copy(), Wb[:, d].copy()

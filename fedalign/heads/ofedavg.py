@@ -31,13 +31,15 @@ Variants (``ofedavg.variant``):
      ``nn.Linear``, uniform mini-batch order), other draws: the same seed must give the same
      files whatever torch version or device.
   2. The transport layer computes X + τ (X Aᵀ + b − X) with the difference precomputed once
-     per client (float64, stored float32); the reference forms ((1−τ) I + τ A) in float32 and
-     multiplies every batch. Equal up to float32 rounding (~1e-7 relative), d² fewer flops per
-     batch.
+     per client (float64); the reference forms ((1−τ) I + τ A) in float32 and multiplies every
+     batch. Equal up to float32 rounding (~1e-7 relative), d² fewer flops per batch.
   3. The loss reported is the objective at the final parameters on all the client's rows; the
      reference logs the mean of its batch losses over all local epochs (a lagging average).
   4. Classes: the reference's ``C`` is the dataset's class count; here the shared class list of
      the client files (the same thing when every class exists somewhere).
+  5. Arithmetic: the head trains in float64 numpy with the gradient written out
+     (:func:`fedalign.heads.linear.train_softmax`), the reference in float32 torch autograd;
+     the same SGD step for step, equal up to float32 rounding.
 
 - ``fedalign`` (default) — the robust choice: SGD lr 0.01, momentum 0.9, weight decay 1e-5,
   batch 64, 100 epochs and at least ``min_steps = 300`` optimizer steps per client (so a client
