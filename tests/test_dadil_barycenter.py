@@ -206,3 +206,45 @@ def test_atoms_barycenter_gmm_float64_simplex_labels_names_and_record():
     assert list(g.class_names) == ["a", "b"]
     rec = g.meta["barycenter"]
     assert rec["converged"] and rec["rel_change"] <= 1e-6
+
+
+def _reference_fixed_point(alpha, M, S, L, KB, n_iter):
+    """The fixed point written out with POT (independent of fedalign's code): per iteration the
+    plans (feature cost + max(cost)·label cost, uniform weights), the projection and
+    ‖ΔB‖/‖B‖; returns the list of relative changes."""
+    A, K, _ = M.shape
+    C = L.shape[2]
+    idx = np.arange(KB) % K
+    mB, sB = np.einsum("a,ajd->jd", alpha, M[:, idx]), np.einsum("a,ajd->jd", alpha, S[:, idx])
+    LB = np.zeros((KB, C))
+    LB[np.arange(KB), np.arange(KB) % C] = 1.0
+    rels = []
+    for _ in range(n_iter):
+        P = []
+        for a in range(A):
+            cost = ((M[a][:, None] - mB[None]) ** 2).sum(-1) + ((S[a][:, None] - sB[None]) ** 2).sum(-1)
+            cost = cost + cost.max() * ((L[a][:, None] - LB[None]) ** 2).sum(-1)
+            P.append(ot.emd(np.full(K, 1 / K), np.full(KB, 1 / KB), cost))
+        new = [KB * sum(alpha[a] * P[a].T @ X[a] for a in range(A)) for X in (M, S, L)]
+        num = sum(((n - o) ** 2).sum() for n, o in zip(new, (mB, sB, LB)))
+        rels.append(float(np.sqrt(num / sum((n ** 2).sum() for n in new))))
+        mB, sB, LB = new
+    return rels
+
+
+def test_fixed_point_record_counts_iterations_and_relative_change_like_a_reference():
+    from fedalign.dadil.barycenter import barycenter_plans
+
+    rng = np.random.default_rng(0)
+    M, S = rng.normal(size=(3, 6, 3)), rng.uniform(0.2, 1.0, size=(3, 6, 3))
+    L = np.eye(2)[rng.integers(0, 2, (3, 6))] * 0.8 + 0.1
+    alpha = np.array([0.2, 0.3, 0.5])
+    rels = _reference_fixed_point(alpha, M, S, L, 6, 4)
+    assert rels[0] > rels[1] > 0                     # the fixture moves for more than one step
+    _, rec = barycenter_plans(alpha, M, S, L, 6, tol=1e-12, max_iter=1)
+    assert rec == dict(iterations=1, rel_change=pytest.approx(rels[0], rel=1e-9), converged=False)
+    tol = 0.5 * (rels[0] + rels[1])                  # met at the second iteration, not the first
+    _, rec = barycenter_plans(alpha, M, S, L, 6, tol=tol, max_iter=50)
+    assert rec == dict(iterations=2, rel_change=pytest.approx(rels[1], rel=1e-9), converged=True)
+    _, rec = barycenter_plans(alpha, M, S, L, 6, tol=rels[1], max_iter=50)   # ≤ tol, not < tol
+    assert rec["iterations"] == 2 and rec["converged"]
