@@ -54,6 +54,13 @@ def _apply(w: np.ndarray, V: np.ndarray, f) -> np.ndarray:
     return sym((V * f(w)) @ V.T)
 
 
+def project_psd(S: np.ndarray) -> np.ndarray:
+    """Frobenius projection of the symmetric part of ``S`` (d, d) onto the PSD cone: its
+    eigenvalues clipped at 0, float64."""
+    w, V = np.linalg.eigh(sym(np.asarray(S, dtype=np.float64)))
+    return _apply(w, V, lambda x: np.clip(x, 0.0, None))
+
+
 def sqrtm_psd(S: np.ndarray, floor: float = EIG_FLOOR, backend=None) -> np.ndarray:
     """Principal square root ``S^{1/2}`` of a symmetric PSD matrix (d, d)."""
     xp = get_backend(backend)

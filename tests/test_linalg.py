@@ -33,3 +33,13 @@ def test_singular_is_clipped_finite():
 def test_diagonal_closed_form():
     D = np.diag([4.0, 9.0, 0.25])
     np.testing.assert_allclose(sqrtm_psd(D), np.diag([2.0, 3.0, 0.5]), atol=1e-14)
+
+
+def test_project_psd_clips_eigenvalues_in_an_arbitrary_basis():
+    from fedalign.linalg import project_psd
+
+    Q, _ = np.linalg.qr(np.random.default_rng(3).normal(size=(4, 4)))
+    S = (Q * np.array([-2.0, 0.5, 3.0, 9.0])) @ Q.T
+    np.testing.assert_allclose(project_psd(S), (Q * [0.0, 0.5, 3.0, 9.0]) @ Q.T, atol=1e-12)
+    P = project_psd(S + np.triu(np.ones((4, 4)), 1))         # the symmetric part is projected
+    np.testing.assert_array_equal(P, P.T)

@@ -150,21 +150,7 @@ def main():
     todo = [j for j in jobs if not report_path(args.output, j[2], j[3], j[4], j[5]).exists()]
     print(f"dp grid: {len(jobs)} runs, {len(jobs) - len(todo)} done already, {len(todo)} to run on "
           f"{args.jobs} workers; C = {clip:.4g} ({rule['rule']}), δ = {args.delta:g}", flush=True)
-    args.output.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    log = args.output / "timing.jsonl"
-    if args.jobs > 1 and len(todo) > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(args.jobs) as pool:
-            _drain(pool.imap_unordered(run_one, todo), len(todo), log, t0)
-    else:
-        _drain(map(run_one, todo), len(todo), log, t0)
-    wall = time.perf_counter() - t0
-    with open(log, "a") as f:
-        f.write(json.dumps(dict(grid_wall_s=round(wall, 1), runs=len(todo), jobs=args.jobs,
-                                cpus=os.cpu_count())) + "\n")
-    print(f"dp grid: {len(todo)} runs in {wall:.0f} s wall", flush=True)
+    run_grid.run_jobs(run_one, todo, args.jobs, args.output, _drain, "dp grid")
 
 
 def _drain(results, n, log, t0):

@@ -124,22 +124,28 @@ def main():
     todo.sort(key=lambda j: (-j[3], j[2] != "digits"))
     print(f"grid: {len(jobs)} runs, {len(jobs) - len(todo)} done already, {len(todo)} to run "
           f"on {args.jobs} workers", flush=True)
-    args.output.mkdir(parents=True, exist_ok=True)
+    run_jobs(run_one, todo, args.jobs, args.output, _drain, "grid")
+
+
+def run_jobs(run_one, todo: list, jobs: int, output: Path, drain, label: str) -> None:
+    """Run ``run_one`` over ``todo`` in ``jobs`` forked workers (in process when one job or
+    one worker), hand the results as they come to ``drain(results, n, log, t0)``, then append
+    the grid's wall time to ``output/timing.jsonl`` (also used by examples/dp/run_dp.py)."""
+    output.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    log = args.output / "timing.jsonl"
-    if args.jobs > 1 and len(todo) > 1:
+    log = output / "timing.jsonl"
+    if jobs > 1 and len(todo) > 1:
         import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=None) as pool:
-            results = pool.imap_unordered(run_one, todo)
-            _drain(results, len(todo), log, t0)
+        with mp.get_context("fork").Pool(jobs) as pool:
+            drain(pool.imap_unordered(run_one, todo), len(todo), log, t0)
     else:
-        _drain(map(run_one, todo), len(todo), log, t0)
+        drain(map(run_one, todo), len(todo), log, t0)
     wall = time.perf_counter() - t0
     with open(log, "a") as f:
-        f.write(json.dumps(dict(grid_wall_s=round(wall, 1), runs=len(todo), jobs=args.jobs,
+        f.write(json.dumps(dict(grid_wall_s=round(wall, 1), runs=len(todo), jobs=jobs,
                                 cpus=os.cpu_count())) + "\n")
-    print(f"grid: {len(todo)} runs in {wall:.0f} s wall", flush=True)
+    print(f"{label}: {len(todo)} runs in {wall:.0f} s wall", flush=True)
 
 
 def _drain(results, n, log, t0):

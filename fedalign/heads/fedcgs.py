@@ -55,6 +55,7 @@ import numpy as np
 
 from fedalign.errors import FedalignError
 from fedalign.heads import LinearHead
+from fedalign.linalg import project_psd
 
 MESSAGE_KEYS = ("class_counts", "class_sums", "sum_x", "sum_xx")
 OPTIONAL_MESSAGE_KEYS = ("clipped_fraction",)  # a DP message only
@@ -166,12 +167,12 @@ def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) ->
         messages = _dp_counts(messages)
     Nc, Mc, mu, S = global_statistics(messages, config.ddof)
     if spec is not None:
-        S = _psd(S)
+        S = project_psd(S)
     if config.covariance == "within":
         D = Mc - mu
         S = S - (D.T * (Nc / (Nc.sum() - config.ddof))) @ D
         if spec is not None:
-            S = _psd(S)
+            S = project_psd(S)
     d = S.shape[0]
     Sigma = (1.0 - config.ridge) * S + config.ridge * (np.trace(S) / d) * np.eye(d)
     if spec is None:
@@ -196,10 +197,3 @@ def _dp_counts(messages) -> list:
     present = total >= 1.0
     return [dict(m, class_counts=np.where(present, np.asarray(m["class_counts"], dtype=np.float64), 0.0),
                  class_sums=np.where(present[:, None], m["class_sums"], 0.0)) for m in messages]
-
-
-def _psd(S: np.ndarray) -> np.ndarray:
-    """Projection of a symmetric matrix on the PSD cone (eigenvalues clipped at 0, float64)."""
-    w, V = np.linalg.eigh(0.5 * (S + S.T))
-    P = (V * np.clip(w, 0.0, None)) @ V.T
-    return 0.5 * (P + P.T)
