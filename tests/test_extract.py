@@ -270,3 +270,112 @@ def test_bad_options_are_one_line_errors(tree, tmp_path):
     r = runner.invoke(app, ["extract", str(tree), "-o", str(tmp_path / "e.h5"), "--model", MODEL])
     assert r.exit_code == 2 and "builtin" in r.output  # builtin weights are for lite0 only
     assert not (tmp_path / "e.h5").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Several inputs in one process (--out-dir)
+# --------------------------------------------------------------------------------------------
+
+
+def _two_inputs(tmp_path):
+    """An ImageFolder tree ``ink/`` and a list file ``other/neon.csv`` (→ ink.h5, neon.h5)."""
+    ink = make_tree(tmp_path / "ink")
+    other = make_tree(tmp_path / "other", per_class=(2, 3), seed=1)
+    neon = other / "neon.csv"
+    neon.write_text("c1/img02.png,b\nc0/img00.png,a\nc1/img00.png,b\nc0/img01.jpg,a\n"
+                    "c1/img01.jpg,b\n")
+    return ink, neon
+
+
+def _multi(inputs, out_dir, *extra):
+    return CliRunner().invoke(app, ["extract", *map(str, inputs), "--out-dir", str(out_dir),
+                                    "--batch-size", "4", "--workers", "0", *CLI_FAST, *extra])
+
+
+def test_out_dir_equals_one_call_per_input_and_loads_once(tmp_path):
+    ink, neon = _two_inputs(tmp_path)
+    out = tmp_path / "feats" / "new"  # created, parents too
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["ink.h5", "neon.h5"]  # no resume file left
+    assert r.output.count("loading test_efficientnet") == 1
+    assert r.output.count("extract: n=") == 2 and "n=5 d=256" in r.output
+    for src in (ink, neon):
+        ref = tmp_path / f"ref.{src.stem}.h5"
+        extract_features(list_images(src), ref, batch_size=4, **FAST)  # a fresh encoder each
+        X, y, info = read_features(out / f"{src.stem}.h5")
+        Xr, yr, ir = read_features(ref)
+        assert X.dtype == Xr.dtype and X.tobytes() == Xr.tobytes()
+        np.testing.assert_array_equal(y, yr)
+        assert list(info["ids"]) == list(ir["ids"]) and info["provenance"] == ir["provenance"]
+        assert (out / f"{src.stem}.h5").read_bytes() == ref.read_bytes()
+
+
+def test_out_dir_argument_errors(tmp_path):
+    ink, neon = _two_inputs(tmp_path)
+    twin = make_tree(tmp_path / "b" / "ink", per_class=(1, 1))
+    runner = CliRunner()
+    r = _multi([ink, twin], tmp_path / "o")
+    assert r.exit_code == 2 and "error:" in r.output and "Traceback" not in r.output
+    assert str(ink) in r.output and str(twin) in r.output
+    r = runner.invoke(app, ["extract", str(ink), str(neon), "-o", str(tmp_path / "x.h5"), *CLI_FAST])
+    assert r.exit_code == 2 and "error:" in r.output and "--out-dir" in r.output, r.output
+    r = runner.invoke(app, ["extract", str(ink), *CLI_FAST])
+    assert r.exit_code == 2 and "-o FILE" in r.output and "--out-dir" in r.output, r.output
+    r = runner.invoke(app, ["extract", str(ink), "-o", str(tmp_path / "x.h5"), "--out-dir",
+                            str(tmp_path / "o"), *CLI_FAST])
+    assert r.exit_code == 2 and "not both" in r.output, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "ink", "other"]
+
+
+def test_out_dir_output_onto_an_input_is_refused_before_any_work(tmp_path):
+    ink, neon = _two_inputs(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "neon.h5").symlink_to(neon)  # the derived output names the list file
+    before = neon.read_bytes()
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 2 and "also an input" in r.output, r.output
+    assert "loading" not in r.output  # refused before the model loads
+    assert [p.name for p in out.iterdir()] == ["neon.h5"] and neon.read_bytes() == before
+
+
+def test_out_dir_bad_second_input_writes_nothing(tmp_path):
+    ink, neon = _two_inputs(tmp_path)
+    bad = tmp_path / "other" / "c0" / "img01.jpg"
+    bad.write_bytes(bad.read_bytes()[:100])  # truncated JPEG, in the second input
+    out = tmp_path / "o"
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 2 and "c0/img01.jpg" in r.output and "Traceback" not in r.output
+    assert "n=9 d=256" in r.output  # the first input was extracted …
+    assert not out.exists()  # … and its file, resume file and the created folder are gone
+    out.mkdir()
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 2 and list(out.iterdir()) == []
+
+
+def test_out_dir_interrupted_in_second_input_resumes_to_same_files(tmp_path, monkeypatch):
+    from fedalign.extract import PartialStore
+
+    ink, neon = _two_inputs(tmp_path)
+    full, out = tmp_path / "full", tmp_path / "o"
+    assert _multi([ink, neon], full).exit_code == 0
+    commit = PartialStore.commit
+
+    def commit_then_stop(self, *a, seen=[]):  # noqa: B006 - counts calls
+        commit(self, *a)
+        seen.append(1)
+        if len(seen) == 4:  # ink: batches of 4, 4, 1; then the first of neon (4, 1)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(PartialStore, "commit", commit_then_stop)
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 130, r.output
+    assert sorted(p.name for p in out.iterdir()) == [".ink.h5.partial.h5", ".neon.h5.partial.h5"]
+    monkeypatch.setattr(PartialStore, "commit", commit)
+    r = _multi([ink, neon], out)
+    assert r.exit_code == 0, r.output
+    assert "resumed at 9" in r.output and "resumed at 4" in r.output
+    assert sorted(p.name for p in out.iterdir()) == ["ink.h5", "neon.h5"]
+    for name in ("ink.h5", "neon.h5"):
+        assert (out / name).read_bytes() == (full / name).read_bytes()

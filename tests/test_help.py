@@ -54,7 +54,7 @@ def _squash(text: str) -> str:
 def test_every_command_is_found():
     names = {p[-1] for p, _ in COMMANDS if p}
     assert {"stats", "barycenter", "align", "extract", "partition", "evaluate", "import",
-            "fit-gmm", "dadil-round", "dadil-evaluate", "dadil-envelope", "consensus",
+            "fit-gmm", "dadil-round", "dadil-simulate", "dadil-evaluate", "dadil-envelope", "consensus",
             "report", "demo-data", "plot", "embedding", "accuracy", "reconstruction"} <= names
     # every command renders through fedalign's plain help (a new command module cannot
     # bypass the `command` decorator's formatter unnoticed)

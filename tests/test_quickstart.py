@@ -2,7 +2,7 @@
 
 Runs the real subcommands as subprocesses through make: demo-data → extract (builtin
 ImageNet encoder, small images) → partition → stats → barycenter → align → evaluate, and
-fit-gmm → dadil-round × R → dadil-evaluate → consensus, then checks the tables, reports and plots.
+fit-gmm → dadil-simulate (the gossip federation) → dadil-evaluate → consensus, then checks the tables, reports and plots.
 """
 
 import json
@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from fedalign.files import read_npz
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -47,3 +50,30 @@ def test_quickstart_reduced(tmp_path):
     for png in ("embedding.png", "accuracy.png", "consensus.png"):
         data = (out / png).read_bytes()
         assert data[:8] == PNG and len(data) > 5000, png
+
+    # GOSSIP=rounds runs the same federations as one dadil-round per client and round (as each
+    # site would): the files must be those dadil-simulate wrote, byte for byte
+    out2 = tmp_path / "out2"
+    for sub in ("images", "features"):  # copy2 keeps the times: make does not redo them
+        shutil.copytree(out / sub, out2 / sub)
+    fed = "dadil-ink"
+    done = [str(out2 / fed / s / ".done") for s in ("replacement", "aggregation")]
+    r2 = subprocess.run([*cmd[:4], f"OUT={out2}", *cmd[5:], "GOSSIP=rounds", *done],
+                        capture_output=True, text=True, timeout=900)
+    assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
+    assert "dadil-round" in r2.stdout and "dadil-simulate" not in r2.stdout
+    for strategy in ("replacement", "aggregation"):
+        a, b = out / fed / strategy, out2 / fed / strategy
+        files = sorted(p.relative_to(a) for p in a.rglob("*.npz"))
+        assert len(files) == 3 * (1 + 2) + 3  # atoms of rounds 0-2 and the states
+        assert files == sorted(p.relative_to(b) for p in b.rglob("*.npz"))
+        for f in files:
+            if f.parts[0] == "state":  # a state records its GMM file's path and hash (the
+                fa_, meta_a = read_npz(a / f, "state")  # GMM's provenance names OUT)
+                fb_, meta_b = read_npz(b / f, "state")
+                assert meta_a.pop("gmm_path").replace(str(out), str(out2)) == meta_b.pop("gmm_path")
+                meta_a.pop("gmm_sha256"), meta_b.pop("gmm_sha256")
+                assert meta_a == meta_b and fa_.keys() == fb_.keys(), f
+                assert all(np.array_equal(fa_[k], fb_[k]) for k in fa_), f
+            else:
+                assert (a / f).read_bytes() == (b / f).read_bytes(), f

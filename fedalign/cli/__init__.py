@@ -11,6 +11,7 @@ from fedalign.cli import gaussian_cmds  # noqa: F401,E402  stats, barycenter, al
 from fedalign.cli import extract_cmds  # noqa: F401,E402  extract
 from fedalign.cli import fl_cmds  # noqa: F401,E402  partition, evaluate
 from fedalign.cli import dadil_cmds  # noqa: F401,E402  dadil-round, consensus, dadil-evaluate
+from fedalign.cli import simulate_cmds  # noqa: F401,E402  dadil-simulate
 from fedalign.cli import envelope_cmds  # noqa: F401,E402  dadil-envelope
 from fedalign.cli import gmm_cmds  # noqa: F401,E402  fit-gmm
 from fedalign.cli import plot_cmds  # noqa: F401,E402  plot embedding|accuracy|reconstruction

@@ -4,7 +4,9 @@ The library is :mod:`fedalign.dadil`: rounds :func:`fedalign.dadil.gossip.init_f
 :func:`~fedalign.dadil.gossip.round_files`, consensus :mod:`fedalign.dadil.consensus`, the
 evaluation :func:`fedalign.dadil.evaluation.evaluate_target_files` and its report
 :func:`~fedalign.dadil.evaluation.target_report` (also behind ``fedalign evaluate --method
-dadil``); this module checks and names its own options, and prints.
+dadil``); this module checks and names its own options, and prints. A fresh client's
+options (:data:`INIT_OPTIONS`, :func:`check_init_options`) are shared with ``dadil-simulate``
+(:mod:`fedalign.cli.simulate_cmds`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,57 @@ def _threads(n: int) -> None:
     limit_threads(n)
 
 
+#: The options of a fresh client, shared by ``dadil-round --init`` and ``dadil-simulate``
+#: (:mod:`fedalign.cli.simulate_cmds`): {parameter: (default, flag, help)}.
+INIT_OPTIONS = {
+    "n_atoms": (3, "--n-atoms", "Number of atoms A."),
+    "n_components": (None, "--n-components", "Components per atom K (default: the GMM's K)."),
+    "n_classes": (None, "--n-classes", "Classes C for an unlabeled GMM without class names."),
+    "preset": ("fedalign", "--preset", "fedalign (scale-free gradient steps, α by projected Newton, floor 1 % of the data variance) or reference (GMM-DaDiL code: Adam lr 0.1, α projected, min_var 0.05)."),
+    "optimizer": (None, "--optimizer", "gd or adam (default: the preset's)."),
+    "lr": (None, "--lr", "Step size (gd: fraction of the residual per step, default 0.5; adam: absolute, default 0.1)."),
+    "alpha_rule": (None, "--alpha-rule", "newton, projected or eg (default: the preset's)."),
+    "lr_alpha": (None, "--lr-alpha", "Step of the α rule (default: the preset's)."),
+    "lr_decay": (None, "--lr-decay", "The atoms' step in round t is lr / (1 + lr_decay·(t − 1)) (default: the preset's)."),
+    "var_floor_rel": (None, "--var-floor-rel", "Variance floor as a fraction of the client's per-dimension data variance (fedalign preset: 0.01)."),
+    "min_var": (None, "--min-var", "Absolute variance floor instead (reference preset: 0.05)."),
+    "shared_init": (False, "--shared-init", "Every client starts from the same N(0, I) atoms drawn from --seed alone (the earlier behaviour; M_ij(0) = 0)."),
+    "seed": (0, "--seed", "Federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
+}
+
+
+def init_option(name: str, prefix: str = ""):
+    """The typer option of :data:`INIT_OPTIONS` ``name``; a ``prefix`` (``"--init: "``) is put
+    before its help, whose first letter is then lower-case."""
+    default, flag, text = INIT_OPTIONS[name]
+    if prefix:
+        text = prefix + text[:1].lower() + text[1:]
+    return typer.Option(default, flag, help=text)
+
+
+def check_init_options(*, local_steps=None, n_atoms=None, n_components=None, n_classes=None,
+                       preset=None, optimizer=None, lr=None, alpha_rule=None, lr_alpha=None,
+                       lr_decay=None, var_floor_rel=None, min_var=None) -> None:
+    """The checks of a fresh client's options (and of E), in the CLI's words: counts ≥ 1
+    (E ≥ 0), steps and floors > 0, ``--lr-decay`` ≥ 0, names among the library's choices.
+    None is not checked (the preset's value)."""
+    from fedalign.dadil.optim import ALPHA_RULES, OPTIMIZERS, PRESETS
+    from fedalign.errors import FedalignError
+
+    for flag, value, lo in (("--local-steps", local_steps, 0),
+                            ("--n-atoms", n_atoms, 1), ("--n-components", n_components, 1),
+                            ("--n-classes", n_classes, 1)):
+        require(flag, value, lo)
+    for flag, value in (("--lr", lr), ("--lr-alpha", lr_alpha), ("--min-var", min_var),
+                        ("--var-floor-rel", var_floor_rel)):
+        require(flag, value, above=0)
+    require("--lr-decay", lr_decay, 0)
+    for flag, value, choices in (("--preset", preset, PRESETS), ("--optimizer", optimizer, OPTIMIZERS),
+                                 ("--alpha-rule", alpha_rule, ALPHA_RULES)):
+        if value is not None and value not in choices:
+            raise FedalignError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
 @command("dadil-round",
          epilog="Example: fedalign dadil-round --init --client amazon --gmm amazon.gmm.npz "
                 "--state amazon.state.npz -o r000/amazon.atoms.npz\n\n"
@@ -42,19 +95,19 @@ def dadil_round_cmd(
     gmm: Optional[Path] = typer.Option(None, "--gmm", help="The client's GMM (from fit-gmm; required with --init, default: the one recorded in the state)."),
     strategy: str = typer.Option("aggregation", help="replacement, aggregation or none."),
     local_steps: int = typer.Option(5, "--local-steps", "-E", help="Local optimisation steps on the client's own loss per round."),
-    n_atoms: int = typer.Option(3, "--n-atoms", help="--init: number of atoms A."),
-    n_components: Optional[int] = typer.Option(None, "--n-components", help="--init: components per atom K (default: the GMM's K)."),
-    n_classes: Optional[int] = typer.Option(None, "--n-classes", help="--init: classes C for an unlabeled GMM without class names."),
-    preset: str = typer.Option("fedalign", help="--init: fedalign (scale-free gradient steps, α by projected Newton, floor 1 % of the data variance) or reference (GMM-DaDiL code: Adam lr 0.1, α projected, min_var 0.05)."),
-    optimizer: Optional[str] = typer.Option(None, help="--init: gd or adam (default: the preset's)."),
-    lr: Optional[float] = typer.Option(None, help="--init: step size (gd: fraction of the residual per step, default 0.5; adam: absolute, default 0.1)."),
-    alpha_rule: Optional[str] = typer.Option(None, "--alpha-rule", help="--init: newton, projected or eg (default: the preset's)."),
-    lr_alpha: Optional[float] = typer.Option(None, "--lr-alpha", help="--init: step of the α rule (default: the preset's)."),
-    lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="--init: the atoms' step in round t is lr / (1 + lr_decay·(t − 1)) (default: the preset's)."),
-    var_floor_rel: Optional[float] = typer.Option(None, "--var-floor-rel", help="--init: variance floor as a fraction of the client's per-dimension data variance (fedalign preset: 0.01)."),
-    min_var: Optional[float] = typer.Option(None, "--min-var", help="--init: absolute variance floor instead (reference preset: 0.05)."),
-    shared_init: bool = typer.Option(False, "--shared-init", help="--init: every client starts from the same N(0, I) atoms drawn from --seed alone (the earlier behaviour; M_ij(0) = 0)."),
-    seed: int = typer.Option(0, help="--init: federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
+    n_atoms: int = init_option("n_atoms", "--init: "),
+    n_components: Optional[int] = init_option("n_components", "--init: "),
+    n_classes: Optional[int] = init_option("n_classes", "--init: "),
+    preset: str = init_option("preset", "--init: "),
+    optimizer: Optional[str] = init_option("optimizer", "--init: "),
+    lr: Optional[float] = init_option("lr", "--init: "),
+    alpha_rule: Optional[str] = init_option("alpha_rule", "--init: "),
+    lr_alpha: Optional[float] = init_option("lr_alpha", "--init: "),
+    lr_decay: Optional[float] = init_option("lr_decay", "--init: "),
+    var_floor_rel: Optional[float] = init_option("var_floor_rel", "--init: "),
+    min_var: Optional[float] = init_option("min_var", "--init: "),
+    shared_init: bool = init_option("shared_init", "--init: "),
+    seed: int = init_option("seed", "--init: "),
     force: bool = typer.Option(False, "--force", help="--init: overwrite an existing state."),
     threads: int = threads_option(),
 ):
@@ -71,14 +124,10 @@ def dadil_round_cmd(
     from fedalign.dadil.gossip import STRATEGIES, describe_round, init_files, round_files
     from fedalign.errors import FedalignError
 
-    for flag, value, lo in (("--local-steps", local_steps, 0),
-                            ("--n-atoms", n_atoms, 1), ("--n-components", n_components, 1),
-                            ("--n-classes", n_classes, 1)):
-        require(flag, value, lo)
-    for flag, value in (("--lr", lr), ("--lr-alpha", lr_alpha), ("--min-var", min_var),
-                        ("--var-floor-rel", var_floor_rel)):
-        require(flag, value, above=0)
-    require("--lr-decay", lr_decay, 0)
+    check_init_options(local_steps=local_steps, n_atoms=n_atoms, n_components=n_components,
+                       n_classes=n_classes, preset=preset, optimizer=optimizer, lr=lr,
+                       alpha_rule=alpha_rule, lr_alpha=lr_alpha, lr_decay=lr_decay,
+                       var_floor_rel=var_floor_rel, min_var=min_var)
     paths = list(peers or []) + list(peer or [])
     # the state is updated in place (atomically): it is the one input that is also an output
     guard_outputs(paths + [gmm, state], [output, state], allow=[state])

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, progress_bar
+from fedalign.cli.app import command, err, guard_outputs, progress_bar
 from fedalign.cli.options import output_option
+from fedalign.errors import FedalignError
 
 
 @command(
-    "extract", outputs=("output",),
+    "extract", outputs=("output",), folders=("out_dir",),
     epilog=(
         "Example: fedalign extract data/office_caltech10/images/amazon -o amazon.h5 --weights builtin\n\n"
+        "Several inputs, one model: fedalign extract images/ink images/neon images/blocky --out-dir features/ --weights builtin\n\n"
         "List input: fedalign extract mnist.csv --root data/digits/mnist -o mnist.h5"
     ),
 )
 def extract_cmd(
-    images: Path = typer.Argument(
+    images: List[Path] = typer.Argument(
         ..., help="ImageFolder tree (one sub-folder per class), a folder of images with "
-        "--unlabeled, or a .txt/.csv/.tsv list of paths with optional labels."),
-    output: Path = output_option("Features file to write (.h5)."),
+        "--unlabeled, or a .txt/.csv/.tsv list of paths with optional labels; several with "
+        "--out-dir."),
+    output: Optional[Path] = output_option("Features file to write (.h5), for one input.",
+                                           required=False),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out-dir", help="Folder (created if missing) for any number of inputs: "
+        "DIR/<name>.h5 each, name = the input folder's name or the list file's stem."),
     model: str = typer.Option("tf_efficientnet_lite0", help="timm model name (pooled pre-logits features)."),
     weights: str = typer.Option(
         "builtin", help="builtin (EfficientNet-Lite0 ImageNet weights from the package "
@@ -41,22 +48,50 @@ def extract_cmd(
     """Frozen timm encoder → pooled pre-logits features (HDF5), resumable.
 
     Preprocessing is timm's eval transform for the model. Rows follow the sorted listing;
-    ids are relative paths. An interrupted run (Ctrl-C, kill) continues where it stopped when
-    the same command is run again, and ends with the same file as an uninterrupted run.
+    ids are relative paths. With --out-dir, several inputs share one model (loaded once) and
+    their files are written together or not at all. An interrupted run (Ctrl-C, kill)
+    continues where it stopped when the same command is run again, and ends with the same
+    files as an uninterrupted run.
     """
-    from fedalign.extract import extract_features, list_images
+    from fedalign.extract import (extract_features, list_images, load_encoder, output_paths,
+                                  partial_path)
+    from fedalign.files import make_output_folder
 
-    listing = list_images(images, unlabeled=unlabeled, root=root)
-    err.print(f"extract: {len(listing)} images, {len(listing.class_names)} classes from {images}")
-    with progress_bar(len(listing), f"extract {output.name}", unit="img") as bar:
-        res = extract_features(
-            listing, output, model=model, weights=weights, batch_size=batch_size, device=device,
-            precision=precision, workers=workers, threads=threads, skip_bad=skip_bad, seed=seed,
-            image_size=image_size, progress=bar, log=bar.log,
-        )
-    skipped = f" skipped={len(res.skipped)}" if res.skipped else ""
-    resumed = f" (resumed at {res.resumed_from})" if res.resumed_from else ""
-    err.print(f"extract: n={res.n} d={res.d}{skipped} {res.seconds:.1f}s "
-              f"{res.images_per_second:.1f} img/s{resumed} → {res.output}")
-    for s in res.skipped[:10]:
-        err.print(f"  skipped {s['id']}: {s['error']}")
+    if (output is None) == (out_dir is None):
+        raise FedalignError("give -o FILE (one input) or --out-dir DIR (any number of inputs)"
+                            + (", not both" if output is not None else ""))
+    if output is not None and len(images) > 1:
+        raise FedalignError(f"-o writes one file but {len(images)} inputs were given: use "
+                            "--out-dir DIR (DIR/<name>.h5 per input)")
+    if out_dir is not None:
+        outputs = output_paths(images, out_dir)
+        make_output_folder(out_dir)  # removed again if the command fails
+        guard_outputs([*images, root], outputs)
+    else:
+        outputs = [output]
+    listings = [list_images(src, unlabeled=unlabeled, root=root) for src in images]
+    encoder, done = None, []
+    try:
+        for src, listing, path in zip(images, listings, outputs):
+            err.print(f"extract: {len(listing)} images, {len(listing.class_names)} classes from {src}")
+            with progress_bar(len(listing), f"extract {path.name}", unit="img") as bar:
+                if encoder is None:  # the model loads once, under the first input's bar
+                    encoder = load_encoder(model, weights, seed=seed, image_size=image_size,
+                                           device=device, precision=precision, threads=threads,
+                                           log=bar.log)
+                res = extract_features(
+                    listing, path, batch_size=batch_size, workers=workers, skip_bad=skip_bad,
+                    encoder=encoder, progress=bar, log=bar.log,
+                )
+            done.append(path)
+            skipped = f" skipped={len(res.skipped)}" if res.skipped else ""
+            resumed = f" (resumed at {res.resumed_from})" if res.resumed_from else ""
+            err.print(f"extract: n={res.n} d={res.d}{skipped} {res.seconds:.1f}s "
+                      f"{res.images_per_second:.1f} img/s{resumed} → {res.output}")
+            for s in res.skipped[:10]:
+                err.print(f"  skipped {s['id']}: {s['error']}")
+    except FedalignError:
+        # bad input in a later input: nothing is written, the earlier ones' resume files go too
+        for path in done:
+            partial_path(path).unlink(missing_ok=True)
+        raise

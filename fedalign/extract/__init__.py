@@ -12,7 +12,8 @@ Pipeline
    (kept in the list's order).
 2. :func:`extract_features` decodes images in DataLoader worker processes (decoding overlaps
    the forward pass), applies timm's eval transform for the model, runs the frozen encoder in
-   ``torch.inference_mode()`` and writes pooled pre-logits features.
+   ``torch.inference_mode()`` and writes pooled pre-logits features. :func:`load_encoder`
+   creates the encoder once for several listings (``extract_features(..., encoder=...)``).
 3. Writing is resumable: committed batches go to ``.<output name>.partial.h5`` next to the
    output, flushed after every batch. Batches are aligned to a fixed grid (batch k holds
    listing rows ``[kB, (k+1)B)``), so a resumed run forms exactly the batches an uninterrupted
@@ -44,9 +45,10 @@ from fedalign.extract.store import PARTIAL_FORMAT, PartialStore, partial_path
 
 __all__ = [
     "IMAGE_EXTENSIONS", "LIST_SUFFIXES", "PARTIAL_FORMAT", "ExtractResult", "ImageDataset",
-    "ImageList", "PartialStore", "autocast_context", "collate", "decode_image",
+    "ImageList", "LoadedEncoder", "PartialStore", "autocast_context", "collate", "decode_image",
     "default_batch_size", "default_workers", "extract_features", "is_image", "list_images",
-    "partial_path", "read_list_file", "resolve_device", "set_determinism",
+    "load_encoder", "output_paths", "partial_path", "read_list_file", "resolve_device",
+    "set_determinism",
 ]
 
 
@@ -64,6 +66,87 @@ class ExtractResult:
     images_per_second: float
 
 
+@dataclass
+class LoadedEncoder:
+    """A frozen encoder ready to extract, shared by several :func:`extract_features` calls.
+
+    Attributes
+    ----------
+    encoder : fedalign.encoders.Encoder
+        The timm model (``model(x)``: (B, 3, H, W) → (B, d)), its name, d, data config and
+        weights provenance.
+    transform : callable
+        timm's eval transform for ``encoder.data_config`` (PIL image → (3, H, W) tensor).
+    device : str
+        Resolved device (``cpu``, ``cuda``, ``cuda:N``).
+    precision : str
+        ``fp32``, ``bf16`` or ``fp16`` (validated).
+    """
+
+    encoder: object
+    transform: object
+    device: str
+    precision: str
+
+
+def load_encoder(
+    model: str = "tf_efficientnet_lite0",
+    weights: str = "builtin",
+    seed: int = 0,
+    image_size: int = 0,
+    device: str = "auto",
+    precision: str = "fp32",
+    threads: int = 0,
+    log=None,
+) -> LoadedEncoder:
+    """Create the encoder and its eval transform once, for one or several listings.
+
+    Parameters are those of :func:`extract_features`. Sets the process-wide torch state the
+    extraction relies on: ``torch.set_num_threads(threads)`` (when > 0) and deterministic
+    kernels (:func:`set_determinism`). Features computed with one :class:`LoadedEncoder` are
+    the same numbers as with a fresh one per listing: the model is frozen, in eval mode, and
+    nothing of a listing is kept in it.
+
+    Returns
+    -------
+    LoadedEncoder
+    """
+    import torch
+    from timm.data import create_transform
+
+    from fedalign.encoders import create_encoder
+
+    log = log or (lambda msg: None)
+    dev = resolve_device(device)
+    autocast_context(dev, precision)  # validates precision early
+    if threads > 0:
+        torch.set_num_threads(int(threads))
+    set_determinism(dev)
+    t_load = time.perf_counter()
+    log(f"loading {model} ({weights} weights) on {dev} …")
+    enc = create_encoder(model, weights, seed=seed, image_size=image_size)
+    transform = create_transform(**enc.data_config, is_training=False)
+    log(f"model ready: d={enc.num_features}, input {tuple(enc.data_config.get('input_size', ()))} "
+        f"({time.perf_counter() - t_load:.1f} s)")
+    return LoadedEncoder(enc, transform, dev, precision)
+
+
+def output_paths(sources, folder) -> list:
+    """``folder/<name>.h5`` per input: the folder's name, or a list file's stem
+    (``mnist.csv`` → ``mnist``); two inputs of one name are an error naming both."""
+    folder, outs, seen = Path(folder), [], {}
+    for src in map(Path, sources):
+        is_list = src.suffix.lower() in LIST_SUFFIXES and not src.is_dir()
+        name = (src.stem if is_list else src.name) or src.resolve().name
+        if name in seen:
+            raise FedalignError(f"inputs {seen[name]} and {src} would both write "
+                                f"{folder / (name + '.h5')}: rename one, or extract them in "
+                                "separate runs")
+        seen[name] = src
+        outs.append(folder / f"{name}.h5")
+    return outs
+
+
 def extract_features(
     images: ImageList,
     output,
@@ -79,6 +162,7 @@ def extract_features(
     image_size: int = 0,
     progress=None,
     log=None,
+    encoder: LoadedEncoder | None = None,
 ) -> ExtractResult:
     """Extract pooled pre-logits features of ``images`` into the features file ``output``.
 
@@ -107,17 +191,20 @@ def extract_features(
     progress : callable, optional
         Called with the number of listing rows finished after every batch.
     log : callable, optional
-        Called with one-line messages (resume notices).
+        Called with one-line messages (model loading, resume notices).
+    encoder : LoadedEncoder, optional
+        From :func:`load_encoder`, to extract several listings with one model; then
+        ``model``, ``weights``, ``seed``, ``image_size``, ``device``, ``precision`` and
+        ``threads`` are the encoder's and the arguments given here are ignored. The output
+        (numbers, provenance, resumability) is the same as without it.
 
     Returns
     -------
     ExtractResult
     """
     import torch
-    from timm.data import create_transform
 
     from fedalign import __version__
-    from fedalign.encoders import create_encoder
     from fedalign.files import FeatureWriter, after_commit, atomic_output
 
     log = log or (lambda msg: None)
@@ -126,23 +213,16 @@ def extract_features(
         raise FedalignError(f"output folder does not exist: {output.parent}")
     if len(images) == 0:
         raise FedalignError("no images to extract")
-    dev = resolve_device(device)
+    dev = encoder.device if encoder is not None else resolve_device(device)
     bs = int(batch_size) or default_batch_size(dev)
     if bs < 1:
         raise FedalignError(f"batch_size must be positive, got {batch_size}")
     nw = default_workers(dev) if workers < 0 else int(workers)
-    autocast_context(dev, precision)  # validates precision early
-    if threads > 0:
-        torch.set_num_threads(int(threads))
-    set_determinism(dev)
-
-    t_load = time.perf_counter()
-    log(f"loading {model} ({weights} weights) on {dev} …")
-    enc = create_encoder(model, weights, seed=seed, image_size=image_size)
-    transform = create_transform(**enc.data_config, is_training=False)
-    log(f"model ready: d={enc.num_features}, input {tuple(enc.data_config.get('input_size', ()))} "
-        f"({time.perf_counter() - t_load:.1f} s); {len(images)} images in batches of {bs}, "
-        f"{nw} decoding workers")
+    if encoder is None:
+        encoder = load_encoder(model, weights, seed=seed, image_size=image_size, device=dev,
+                               precision=precision, threads=threads, log=log)
+    enc, transform, precision = encoder.encoder, encoder.transform, encoder.precision
+    log(f"{output.name}: {len(images)} images in batches of {bs}, {nw} decoding workers")
     fingerprint = {
         "model": enc.name, "weights": enc.info, "data_config": enc.data_config,
         "precision": precision, "device": dev.split(":")[0], "batch_size": bs,
