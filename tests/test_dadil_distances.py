@@ -177,3 +177,31 @@ def test_component_cost_is_a_nonnegative_brute_force_distance():
     far = rng.normal(size=(5, 3)) * 1e4
     c = diag_w2_cost(far, np.ones((5, 3)), far, np.ones((5, 3)))
     assert np.all(c >= 0) and np.all(np.diag(c) <= 1e-4)
+
+
+def test_ot_plan_is_the_plan_of_the_labeled_cost_with_its_beta():
+    # two components each; features pair 0↔0 and 1↔1, the labels pair them crosswise
+    w = np.array([0.5, 0.5])
+    m1, m2 = np.array([[0.0], [1.0]]), np.array([[0.1], [1.1]])
+    v = np.ones((2, 1))
+    L1, L2 = np.eye(2), np.eye(2)[::-1]
+    straight, cross = np.eye(2) / 2, np.eye(2)[::-1] / 2
+    np.testing.assert_allclose(ot_plan(w, m1, v, w, m2, v), straight)
+    np.testing.assert_allclose(ot_plan(w, m1, v, w, m2, v, L1, L2), cross)  # β = max cost
+    np.testing.assert_allclose(ot_plan(w, m1, v, w, m2, v, L1, L2, beta=0.0), straight)
+    for L1_, L2_, beta in ((L1, L2, None), (L1, L2, 0.0), (L1, L2, 5.0), (None, None, None)):
+        _, plan = mw2(w, m1, v, w, m2, v, L1_, L2_, beta, return_plan=True)
+        np.testing.assert_array_equal(ot_plan(w, m1, v, w, m2, v, L1_, L2_, beta), plan)
+
+
+def test_costs_of_float32_inputs_are_computed_in_float64():
+    rng = np.random.default_rng(3)
+    m1, m2 = rng.normal(size=(4, 16)) * 100, rng.normal(size=(5, 16)) * 100
+    v1, v2 = rng.uniform(0.5, 2, (4, 16)), rng.uniform(0.5, 2, (5, 16))
+    L1, L2 = np.eye(3)[rng.integers(0, 3, 4)], np.eye(3)[rng.integers(0, 3, 5)]
+    f32 = [a.astype(np.float32) for a in (m1, v1, m2, v2, L1, L2)]
+    exact = mixture_cost(*(a.astype(np.float64) for a in f32))
+    got = mixture_cost(*f32)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, exact)
+    np.testing.assert_array_equal(diag_w2_cost(*f32[:4]), diag_w2_cost(*(a.astype(np.float64) for a in f32[:4])))

@@ -333,7 +333,8 @@ def dedupe(peers: list) -> list:
     for p in peers:
         q = best.get(p.producer)
         if q is not None and q.round == p.round:
-            if not (np.array_equal(q.means, p.means) and np.array_equal(q.variances, p.variances)):
+            if not all(np.array_equal(getattr(q, k), getattr(p, k))
+                       for k in ("means", "variances", "label_logits")):
                 raise FedalignError(f"two different atoms files from {p.producer} for round "
                                     f"{p.round}")
         if q is None or p.round > q.round:
