@@ -205,3 +205,24 @@ def test_costs_of_float32_inputs_are_computed_in_float64():
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, exact)
     np.testing.assert_array_equal(diag_w2_cost(*f32[:4]), diag_w2_cost(*(a.astype(np.float64) for a in f32[:4])))
+
+
+def test_hidden_modules_block_imports_inside_only_and_spare_loaded_ones():
+    import importlib
+    import sys
+
+    from fedalign.dadil.distances import hidden_modules
+
+    fake = "fedalign_test_never_a_module"
+    assert fake not in sys.modules and "numpy" in sys.modules
+    with hidden_modules((fake, "numpy")) as hidden:
+        assert hidden == [fake]  # numpy is loaded: left alone
+        assert sys.modules[fake] is None and sys.modules["numpy"] is np
+        with pytest.raises(ImportError):
+            importlib.import_module(fake)
+    assert fake not in sys.modules and sys.modules["numpy"] is np
+    with pytest.raises(ModuleNotFoundError):  # importable (here: looked up) again
+        importlib.import_module(fake)
+    with pytest.raises(RuntimeError), hidden_modules((fake,)):
+        raise RuntimeError("the block failed")
+    assert fake not in sys.modules

@@ -342,3 +342,18 @@ def test_federation_splits_each_clients_budget(tmp_path):
     with pytest.raises(FedalignError, match="without a DP message"):
         run_federation(doms, 0.5, 0, [0.5], ["ofedavg"], dp=dp)
     assert isinstance(dp.spec, DPSpec)
+
+
+@pytest.mark.parametrize("method", ["fedcgs", "fed3r"])
+def test_a_dp_head_message_passes_the_flower_apps_key_checks(method):
+    """The Flower app's client and server check a message's keys against the head's declared
+    ones: a DP message's optional keys (clipped_fraction) are among them."""
+    from fedalign.flower import _lib as lib
+    from fedalign.flower.messages import check_finite_message
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(50, 4)), rng.integers(0, 3, 50)
+    msg = lib.head_client_update(method, {"dp_epsilon": 1.0, "dp_delta": 1e-6, "clip": 5.0},
+                                 X, y, 3, 0, 0, 0, None)
+    assert "clipped_fraction" in msg
+    assert set(check_finite_message("node", method, msg, lib.head_message_keys(method))) == set(msg)

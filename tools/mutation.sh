@@ -12,7 +12,7 @@
 # and the working tree never holds a mutant. Results: WORK/<module>/mutmut-results.txt.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="${ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 WORK="${WORK:-/tmp/fedalign-mutation}"
 MUTMUT="${MUTMUT:-mutmut}"
 JOBS="${JOBS:-1}"
@@ -23,8 +23,8 @@ PYTHON="${PYTHON:-python}"
 MODULES=(
   "gaussian|fedalign/gaussian.py|tests/test_gaussian.py tests/test_gaussian_mutants.py"
   "bures|fedalign/_bures_fixed_point.py|tests/test_gaussian.py tests/test_gaussian_mutants.py tests/test_backend.py"
-  "align|fedalign/align.py|tests/test_align.py tests/test_behaviours_slot.py tests/test_slot_protocol.py"
-  "heads|fedalign/heads/|tests/test_heads.py tests/test_behaviours_slot.py tests/test_slot_variants.py"
+  "align|fedalign/align.py|tests/test_align.py tests/test_behaviours_slot.py tests/test_slot_protocol.py tests/test_align_mutants.py"
+  "heads|fedalign/heads/|tests/test_heads.py tests/test_behaviours_slot.py tests/test_slot_variants.py tests/test_heads_training.py tests/test_heads_statistics.py tests/test_dp.py"
   "distances|fedalign/dadil/distances.py|tests/test_dadil_distances.py"
   "barycenter|fedalign/dadil/barycenter.py|tests/test_dadil_barycenter.py tests/test_behaviours_dadil.py"
   "gossip|fedalign/dadil/gossip.py|tests/test_dadil_gossip.py tests/test_behaviours_dadil.py tests/test_dadil_gossip_files.py"
@@ -67,26 +67,18 @@ for row in "${MODULES[@]}"; do
     if [ ! -f "$dst/mutmut-results.txt" ]; then
       echo "== $name: no earlier run in $dst: run it without RECHECK first"; continue
     fi
-    stale=""
-    for f in $(tr ',' ' ' <<<"$files"); do
-      diff -rq -x __pycache__ "$ROOT/$f" "$dst/$f" >/dev/null || stale="$stale $f"
-    done
-    if [ -n "$stale" ]; then
-      echo "== $name:$stale changed since the run: its mutants are stale, run it again in full"; continue
-    fi
-    # the current tests and unmutated modules, into the copy and into mutmut's mutants/ tree
-    excl=(--exclude='__pycache__' --exclude='*.pyc')
-    for f in $(tr ',' ' ' <<<"$files"); do excl+=(--exclude="${f%/}"); done
-    for to in "$dst" "$dst/mutants"; do
-      (cd "$ROOT" && tar cf - "${excl[@]}" fedalign tests pyproject.toml) | (cd "$to" && tar xf -)
-    done
+    # the current package, tests and project file (times kept: mutmut regenerates the mutants
+    # of functions whose source changed since the run and tests those afresh)
+    (cd "$ROOT" && tar cf - --exclude='__pycache__' --exclude='*.pyc' fedalign tests pyproject.toml) \
+      | (cd "$dst" && tar xf -)
     write_config "$dst" "$files" "$tests"
     mapfile -t again < <(grep -v ': killed$' "$dst/mutmut-results.txt" | sed -e 's/^ *//' -e 's/:[^:]*$//')
-    echo "== $name: re-testing ${#again[@]} mutants not killed before, against: $tests"
+    echo "== $name: re-testing ${#again[@]} mutants not killed before (and those of changed code), against: $tests"
+    (cd "$dst" && OMP_NUM_THREADS=1 MPLBACKEND=Agg $MUTMUT run --max-children "$JOBS" || true)
     if [ ${#again[@]} -gt 0 ]; then
-      (cd "$dst" && OMP_NUM_THREADS=1 MPLBACKEND=Agg $MUTMUT run --max-children "$JOBS" "${again[@]}" \
-         && $MUTMUT results --all true >mutmut-results.txt || true)
+      (cd "$dst" && OMP_NUM_THREADS=1 MPLBACKEND=Agg $MUTMUT run --max-children "$JOBS" "${again[@]}" || true)
     fi
+    (cd "$dst" && $MUTMUT results --all true >mutmut-results.txt || true)
     (cd "$dst" && summary)
     continue
   fi

@@ -27,6 +27,7 @@ Mixture Models and Optimal Transport", ECML-PKDD 2024.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -66,6 +67,22 @@ def mixture_cost(m1, v1, m2, v2, L1=None, L2=None, beta=None) -> np.ndarray:
     return C
 
 
+@contextlib.contextmanager
+def hidden_modules(names):
+    """Inside the block, ``import NAME`` raises ImportError for each of ``names`` not imported
+    yet (``sys.modules[NAME] = None``); afterwards they are importable again. Modules already
+    imported are left alone."""
+    hidden = [m for m in names if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None
+    try:
+        yield hidden
+    finally:
+        for m in hidden:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
+
+
 def _pot():
     """POT's ``ot`` module. In fedalign's CLI processes (``FEDALIGN_POT_LEAN=1``, set by
     ``fedalign.cli.main``) it is imported without its optional scikit-learn and networkx
@@ -74,15 +91,8 @@ def _pot():
     scipy.stats, pandas and networkx, half a second of every DaDiL command. The network
     simplex is the same either way."""
     if "ot" not in sys.modules and os.environ.get("FEDALIGN_POT_LEAN") == "1":
-        hidden = [m for m in ("sklearn", "networkx") if m not in sys.modules]
-        for m in hidden:
-            sys.modules[m] = None  # `import m` raises ImportError: POT skips the integration
-        try:
+        with hidden_modules(("sklearn", "networkx")):
             import ot  # noqa: F401
-        finally:
-            for m in hidden:
-                if m in sys.modules and sys.modules[m] is None:
-                    del sys.modules[m]
     import ot
 
     return ot

@@ -33,7 +33,7 @@ from fedalign.align import align_file
 from fedalign.errors import FedalignError
 from fedalign.files import check_spd, read_features, read_npz, sha256_file
 from fedalign.gaussian import check_tau
-from fedalign.heads import LinearHead, client_seed, get_method
+from fedalign.heads import LinearHead, check_labels, client_seed, get_method, message_keys
 from fedalign.stats import GaussianStats, compute_stats, load_stats, save_stats
 
 # DeFed-GMM-DaDiL (the file-level round API; the only DaDiL imports of the app)
@@ -94,9 +94,10 @@ def head_client_update(method: str, params: dict | None, X, y, n_classes: int, s
                        r: int, init) -> dict:
     """Client k's message of round r (exactly what :func:`fedalign.heads.run_method` computes)."""
     mod, cfg = head_config(method, params)
-    msg = mod.client_update(np.asarray(X), np.asarray(y), n_classes, cfg, round_seed(seed, k, r),
+    msg = mod.client_update(np.asarray(X), check_labels(y, n_classes), n_classes, cfg,
+                            round_seed(seed, k, r),
                             init=init)
-    undeclared = set(msg) - set(mod.MESSAGE_KEYS)
+    undeclared = set(msg) - set(message_keys(mod))
     if undeclared:  # a programming error, not bad input
         raise RuntimeError(f"{method}: message has undeclared keys {sorted(undeclared)}")
     return msg
@@ -104,7 +105,7 @@ def head_client_update(method: str, params: dict | None, X, y, n_classes: int, s
 
 def head_message_keys(method: str) -> tuple:
     """The keys a client message of this head may carry."""
-    return tuple(get_method(method).load().MESSAGE_KEYS)
+    return message_keys(get_method(method).load())
 
 
 def head_server_aggregate(method: str, params: dict | None, messages: list, n_classes: int,

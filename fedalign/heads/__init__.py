@@ -144,7 +144,7 @@ def make_config(cls, params: dict, name: str = ""):
                 f"{name or cls.__module__}: unknown option {key!r} (options: {', '.join(fields)})"
             )
         default = fields[key].default
-        kw[key] = _convert(value, default, f"{name}.{key}")
+        kw[key] = _convert(value, default, f"{name or cls.__module__}.{key}")
         _check_bounds(kw[key], key, f"{name or cls.__module__}.{key}")
     cfg = cls(**kw)
     if hasattr(cfg, "validate"):
@@ -183,6 +183,25 @@ def _convert(value, default, label):
         return type(default)(value)
     except ValueError:
         raise FedalignError(f"{label}: cannot read {value!r} as {type(default).__name__}") from None
+
+
+def message_keys(mod) -> tuple:
+    """Every key a client message of the head module ``mod`` may carry: ``MESSAGE_KEYS``, then
+    ``OPTIONAL_MESSAGE_KEYS`` (those only some messages carry, e.g. a DP message's)."""
+    return tuple(mod.MESSAGE_KEYS) + tuple(getattr(mod, "OPTIONAL_MESSAGE_KEYS", ()))
+
+
+def check_labels(y, n_classes: int) -> np.ndarray:
+    """A client's labels as int64, refused unless every one is a class in [0, C): an unlabeled
+    row (−1) would be counted in FedCGS's Σx but no class, or one-hot encoded as the last class
+    (Fed3R, O-FedAvg), silently. Callers drop unlabeled rows first."""
+    y = np.asarray(y)
+    if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n_classes):
+        bad = y[(y < 0) | (y >= n_classes)] if np.issubdtype(y.dtype, np.number) else y
+        raise FedalignError(f"a client's labels must be classes 0…{n_classes - 1}, got "
+                            f"{bad.flat[0] if bad.size else y.dtype} (drop unlabeled rows, "
+                            "label −1, before training a head)")
+    return y.astype(np.int64)
 
 
 def client_seed(seed: int, k: int) -> int:
@@ -235,9 +254,10 @@ def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, par
         messages = []
         for k, (X, y) in enumerate(clients):
             extra = {} if transports is None else {"transport": transports[k]}
-            msg = mod.client_update(np.asarray(X), np.asarray(y), n_classes, cfg, round_seed(seed, k, r),
+            msg = mod.client_update(np.asarray(X), check_labels(y, n_classes), n_classes, cfg,
+                                    round_seed(seed, k, r),
                                     init=init, **extra)
-            undeclared = set(msg) - set(mod.MESSAGE_KEYS) - set(getattr(mod, "OPTIONAL_MESSAGE_KEYS", ()))
+            undeclared = set(msg) - set(message_keys(mod))
             if undeclared:  # a programming error, not bad input
                 raise RuntimeError(f"{m.name}: message has undeclared keys {sorted(undeclared)}")
             messages.append(msg)
