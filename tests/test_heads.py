@@ -232,3 +232,15 @@ def test_one_accuracy_for_heads_and_dadil():
                   lambda: dadil_accuracy(h.predict, X, [-1, -1, -1])):
         with pytest.raises(FedalignError, match="no labeled rows to score"):
             score()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("bad", [-1, 3])
+def test_every_head_refuses_labels_outside_the_classes(method, bad):
+    # an unlabeled row (−1) would be summed into FedCGS's Σx but no class, or one-hot
+    # encoded as the last class by Fed3R and O-FedAvg, silently
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = np.r_[rng.integers(0, 3, 29), bad]
+    with pytest.raises(FedalignError, match=f"classes 0…2, got {bad}"):
+        run_method(method, [(X, y)], 3)
