@@ -214,6 +214,9 @@ def save_state(path, st: ClientState, published: dict | None = None) -> Path:
     return write_npz(path, "state", arrays, meta)
 
 
+_RECEIVED = ("received_means", "received_variances", "received_label_logits", "alpha_received")
+
+
 def load_state(path) -> ClientState:
     """Read and validate a ``state`` file."""
     a, meta = read_npz(path, "state")
@@ -232,8 +235,13 @@ def load_state(path) -> ClientState:
     history = meta.get("history", [])
     if not isinstance(history, list):
         raise FedalignError(f"{path}: state history must be a list")
+    if a["rng_state"].shape != (6,):
+        raise FedalignError(f"{path}: rng_state must be the 6 words of a PCG64 state")
+    missing = [k for k in _RECEIVED if k not in a]
+    if 0 < len(missing) < len(_RECEIVED):
+        raise FedalignError(f"{path}: state received dictionary without {', '.join(missing)}")
     received, alpha_r = None, None
-    if "received_means" in a:
+    if not missing:
         received = tuple(a[f"received_{k}"].astype(np.float64)
                          for k in ("means", "variances", "label_logits"))
         alpha_r = a["alpha_received"].astype(np.float64)
