@@ -226,3 +226,30 @@ def test_hidden_modules_block_imports_inside_only_and_spare_loaded_ones():
     with pytest.raises(RuntimeError), hidden_modules((fake,)):
         raise RuntimeError("the block failed")
     assert fake not in sys.modules
+
+
+@pytest.mark.parametrize("loaded,lean,hides", [(False, "1", True), (True, "1", False),
+                                                (False, None, False), (False, "0", False)])
+def test_lean_pot_import_hides_only_sklearn_and_networkx_on_a_first_import(monkeypatch, loaded,
+                                                                           lean, hides):
+    import sys
+
+    from fedalign.dadil import distances
+
+    seen = []
+    real = distances.hidden_modules
+
+    def spy(names):
+        seen.append(tuple(names))
+        return real(names)
+
+    monkeypatch.setattr(distances, "hidden_modules", spy)
+    if lean is None:
+        monkeypatch.delenv("FEDALIGN_POT_LEAN", raising=False)
+    else:
+        monkeypatch.setenv("FEDALIGN_POT_LEAN", lean)
+    if not loaded:  # POT's submodules stay cached: re-running its __init__ is cheap
+        monkeypatch.delitem(sys.modules, "ot")
+    pot = distances._pot()
+    assert seen == ([("sklearn", "networkx")] if hides else [])
+    np.testing.assert_allclose(pot.emd(np.ones(2) / 2, np.ones(2) / 2, np.eye(2)[::-1]), np.eye(2) / 2)
