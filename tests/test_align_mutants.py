@@ -312,3 +312,30 @@ def test_the_chosen_backend_runs_every_step_and_the_runs_record_it(sts, tmp_path
     assert spy.guarded == [block(3), block(3), block(1)]
     step = read_features(tmp_path / "z.h5")[2]["provenance"]["history"][-1]
     assert step == dict(map_client="c0", compute=spy.record(), step="align", tau=0.5)
+
+
+def test_reference_records_its_default_iteration_cap_and_refuses_no_stats_in_full_words(sts):
+    assert make_reference(sts).meta["max_iter"] == 100
+    with pytest.raises(FedalignError) as e:
+        make_reference([])
+    assert str(e.value) == "barycenter needs at least one stats file"
+
+
+def test_sample_weights_of_billions_of_rows_do_not_overflow(sts):
+    import dataclasses
+
+    big = [dataclasses.replace(s, n=3_000_000_000) for s in sts[:2]]  # n_k · N > 2⁶³
+    np.testing.assert_array_equal(make_reference(big).weights, [0.5, 0.5])
+
+
+def test_aligned_files_are_written_in_hdf5_chunks_of_at_most_4096_rows(tmp_path, sts):
+    import h5py
+
+    src = tmp_path / "big.h5"
+    rng = np.random.default_rng(0)
+    write_features(src, rng.normal(size=(5000, 4)).astype(np.float32), rng.integers(0, 2, 5000),
+                   [f"r{i}" for i in range(5000)], class_names=["a", "b"])
+    ref = make_reference(sts)
+    out = align_file(src, tmp_path / "big.al.h5", client_map(sts[0], ref), tau=0.5)
+    with h5py.File(out, "r") as f:
+        assert f["features"].chunks == (4096, 4)
