@@ -253,3 +253,21 @@ def test_lean_pot_import_hides_only_sklearn_and_networkx_on_a_first_import(monke
     pot = distances._pot()
     assert seen == ([("sklearn", "networkx")] if hides else [])
     np.testing.assert_allclose(pot.emd(np.ones(2) / 2, np.ones(2) / 2, np.eye(2)[::-1]), np.eye(2) / 2)
+
+
+def test_exact_plans_get_a_million_network_simplex_iterations(monkeypatch):
+    # POT's default (100,000) leaves plans of a few thousand components unconverged
+    import ot as pot
+
+    from fedalign.dadil import distances
+
+    seen = {}
+    real = pot.emd
+
+    def spy(a, b, M, **kw):
+        seen.update(kw)
+        return real(a, b, M, **kw)
+
+    monkeypatch.setattr(pot, "emd", spy)
+    distances.emd_plan(np.ones(3), np.ones(2), np.arange(6.0).reshape(3, 2))
+    assert seen.get("numItermax") == distances.EMD_MAX_ITER == 1_000_000

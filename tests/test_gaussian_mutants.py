@@ -284,3 +284,18 @@ def test_torch_out_of_memory_is_one_line_naming_the_step_and_its_size(monkeypatc
     with pytest.raises(FedalignError, match=r"^out of GPU memory in the barycenter \(K=2, "
                                             r"d=1024\): it needs about 0\.16 GiB"):
         bures_barycenter([Z, Z], backend="torch", device="cpu")
+
+
+def test_the_default_anderson_memory_is_five():
+    # 5 clients, d = 8: the fixed point needs ≥ 8 residual evaluations, after which a memory of
+    # 6 mixes differently (other iterates, the same barycenter to ~1e-12)
+    rng = np.random.default_rng(4)
+    covs = [_spd(8, rng) for _ in range(5)]
+    default = bures_barycenter(covs, tol=1e-12)
+    five = bures_barycenter(covs, tol=1e-12, anderson=5)
+    assert default.iterations >= 8
+    assert default.iterations == five.iterations
+    np.testing.assert_array_equal(default.covariance, five.covariance)
+    six = bures_barycenter(covs, tol=1e-12, anderson=6)
+    assert not np.array_equal(six.covariance, default.covariance)
+    np.testing.assert_allclose(six.covariance, default.covariance, rtol=1e-9)
