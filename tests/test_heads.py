@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedalign.errors import FedalignError
-from fedalign.heads import METHODS, LinearHead, client_seed, get_method, run_method
+from fedalign.heads import METHODS, LinearHead, check_labels, client_seed, get_method, run_method
 from fedalign.heads import fedpft, ofedavg
 from fedalign.heads.linear import train_softmax
 
@@ -244,3 +244,15 @@ def test_every_head_refuses_labels_outside_the_classes(method, bad):
     y = np.r_[rng.integers(0, 3, 29), bad]
     with pytest.raises(FedalignError, match=f"classes 0…2, got {bad}"):
         run_method(method, [(X, y)], 3)
+
+
+def test_check_labels_returns_int64_and_names_the_first_label_it_refuses():
+    # the whole line: the first label outside [0, C); for labels in range that are not
+    # integers, their dtype; for labels that are not numbers, the first one (no traceback)
+    assert check_labels(np.array([2, 0, 1], dtype=np.uint8), 3).dtype == np.int64
+    for y, got in (([0, -1, 5], "-1"), ([0.5, 7.0], "7.0"), ([0.0, 1.0], "float64"),
+                   (["a", "b"], "a"), ([True, False], "True")):
+        with pytest.raises(FedalignError) as e:
+            check_labels(np.array(y), 3)
+        assert str(e.value) == (f"a client's labels must be classes 0…2, got {got} "
+                                "(drop unlabeled rows, label −1, before training a head)")
