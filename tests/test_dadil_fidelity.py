@@ -52,19 +52,10 @@ def cli_blobs_federation(tmp_path, scale, shift, rounds=20):
     Xt, yt = blobs(0, 150, 99, scale, shift)
     write_features(tmp_path / "t.test.h5", Xt.astype(np.float32), yt,
                    [f"t{k}" for k in range(150)], class_names=names, provenance=dict(domain="t"))
-    fed = tmp_path / "fed"
-    (fed / "round_000").mkdir(parents=True)
-    for c in ANGLES:
-        run("dadil-round", "--init", "--client", c, "--gmm", tmp_path / f"{c}.gmm.npz",
-            "--state", fed / f"{c}.state.npz", "-o", fed / "round_000" / f"{c}.atoms.npz",
-            "--n-components", 6)
-    for t in range(1, rounds + 1):
-        (fed / f"round_{t:03d}").mkdir()
-        prev = sorted((fed / f"round_{t - 1:03d}").glob("*.atoms.npz"))
-        for c in ANGLES:
-            run("dadil-round", "--state", fed / f"{c}.state.npz", "--strategy", "aggregation",
-                "-o", fed / f"round_{t:03d}" / f"{c}.atoms.npz", *prev)
-    run("evaluate", "-m", "dadil", "--input", fed / "t.state.npz", "--test",
+    fed = tmp_path / "fed"  # the whole gossip in one process: the dadil-round loop's files
+    run("dadil-simulate", *(f"{c}={tmp_path / c}.gmm.npz" for c in ANGLES), "-o", fed,
+        "--rounds", rounds, "--strategy", "aggregation", "--n-components", 6)
+    run("evaluate", "-m", "dadil", "--input", fed / "state" / "t.state.npz", "--test",
         tmp_path / "t.test.h5", "--json", tmp_path / "dadil.json")
     rep = json.loads((tmp_path / "dadil.json").read_text())
     return rep["methods"]["dadil"]["per_seed"][0]["t"], fed
@@ -85,7 +76,7 @@ def test_rotated_blobs_federation_through_the_cli_at_defaults(tmp_path, scale, s
     assert acc >= 0.85
     from fedalign.dadil.state import load_state
 
-    st = load_state(fed / "t.state.npz")
+    st = load_state(fed / "state" / "t.state.npz")
     assert st.round == 20 and len(st.history) == 20                   # trajectory in the state
     assert all(len(h["alpha"]) == 6 for h in st.history)              # E = 5 steps: 6 α each
     assert st.settings["preset"] == "fedalign" and st.settings["role"] == "target"
