@@ -248,3 +248,15 @@ def test_fixed_point_record_counts_iterations_and_relative_change_like_a_referen
     assert rec == dict(iterations=2, rel_change=pytest.approx(rels[1], rel=1e-9), converged=True)
     _, rec = barycenter_plans(alpha, M, S, L, 6, tol=rels[1], max_iter=50)   # ≤ tol, not < tol
     assert rec["iterations"] == 2 and rec["converged"]
+
+
+def test_barycentric_weights_must_lie_on_the_simplex():
+    from fedalign.dadil.barycenter import SIMPLEX_ATOL, check_simplex
+
+    atoms = init_atoms(3, 2, 2, 2, seed=0)
+    for bad in ([2.0, -1.0, 0.0], [0.3, 0.3, 0.3], [np.inf, 0.0, 0.0], [], [[1.0]]):
+        with pytest.raises(FedalignError, match="^alpha must be nonnegative weights summing to 1"):
+            atoms_barycenter(atoms, bad)
+    ok = np.array([0.5, 0.5 + SIMPLEX_ATOL, -SIMPLEX_ATOL])  # round-off of a projected step
+    np.testing.assert_array_equal(check_simplex(ok), ok)
+    assert check_simplex([0, 1, 0]).dtype == np.float64

@@ -195,6 +195,22 @@ def labeled_barycenter(alpha, means, variances, labels, n_components: int | None
     return LabeledBarycenter(mB, sB**2, LB, plans, **info)
 
 
+#: Slack of :func:`check_simplex` (α from the projected steps sits on Δ_A to round-off).
+SIMPLEX_ATOL = 1e-9
+
+
+def check_simplex(alpha, what: str = "alpha") -> np.ndarray:
+    """α as float64 (A,), refused unless it lies on the simplex Δ_A = {α ≥ 0, Σα = 1} (to
+    :data:`SIMPLEX_ATOL`): barycentric weights outside it make no barycenter (the fixed point
+    runs to its cap, labels come out negative)."""
+    a = np.asarray(alpha, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or a.min() < -SIMPLEX_ATOL \
+            or abs(a.sum() - 1.0) > SIMPLEX_ATOL * a.size:
+        raise FedalignError(f"{what} must be nonnegative weights summing to 1, got "
+                            f"{np.array2string(a, precision=4)}")
+    return a
+
+
 def atoms_barycenter(atoms, alpha, *, tol: float = 1e-6, max_iter: int = 50,
                      class_names=()):
     """B(α; atoms) as a :class:`~fedalign.gmm.GMM`: K uniform components, soft labels.
@@ -206,6 +222,7 @@ def atoms_barycenter(atoms, alpha, *, tol: float = 1e-6, max_iter: int = 50,
     """
     from fedalign.gmm import GMM
 
+    alpha = check_simplex(alpha)
     means = np.asarray(atoms.means, dtype=np.float64)
     K = means.shape[1]
     B = labeled_barycenter(alpha, means, atoms.variances, softmax(np.asarray(atoms.label_logits,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.dadil.atoms import Atoms, data_moments, init_atoms
-from fedalign.dadil.barycenter import atoms_barycenter
+from fedalign.dadil.barycenter import atoms_barycenter, check_simplex
 from fedalign.dadil.optim import PRESETS, Optim
 from fedalign.errors import FedalignError
 from fedalign.files import read_npz, write_npz
@@ -223,7 +223,7 @@ def load_state(path) -> ClientState:
     client = meta.get("client")
     if not isinstance(client, str) or not _CLIENT_RE.match(client):
         raise FedalignError(f"{path}: state file without a valid client id")
-    alpha = a["alpha"].astype(np.float64)
+    alpha = check_simplex(a["alpha"], f"{path}: alpha")
     if alpha.shape[0] != a["means"].shape[0]:
         raise FedalignError(f"{path}: alpha has {alpha.shape[0]} entries for "
                             f"{a['means'].shape[0]} atoms")
@@ -244,7 +244,7 @@ def load_state(path) -> ClientState:
     if not missing:
         received = tuple(a[f"received_{k}"].astype(np.float64)
                          for k in ("means", "variances", "label_logits"))
-        alpha_r = a["alpha_received"].astype(np.float64)
+        alpha_r = check_simplex(a["alpha_received"], f"{path}: alpha_received")
         if np.any(received[1] <= 0):
             raise FedalignError(f"{path}: state received_variances must be > 0")
     return ClientState(client, a["means"].astype(np.float64), a["variances"].astype(np.float64),
