@@ -259,4 +259,8 @@ def test_barycentric_weights_must_lie_on_the_simplex():
             atoms_barycenter(atoms, bad)
     ok = np.array([0.5, 0.5 + SIMPLEX_ATOL, -SIMPLEX_ATOL])  # round-off of a projected step
     np.testing.assert_array_equal(check_simplex(ok), ok)
+    check_simplex([0.5, 0.5 + 2 * SIMPLEX_ATOL, 0.0])  # the sum's slack grows with A
+    with pytest.raises(FedalignError) as e:
+        check_simplex([1 / 3, 1 / 3, 0.5], "alpha_T")
+    assert str(e.value) == "alpha_T must be nonnegative weights summing to 1, got [0.3333 0.3333 0.5   ]"
     assert check_simplex([0, 1, 0]).dtype == np.float64
