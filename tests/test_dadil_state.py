@@ -487,5 +487,6 @@ def test_a_state_whose_weights_leave_the_simplex_is_refused(tmp_path, key, bad):
         st.alpha_received = np.array([0.5, 0.5])
     setattr(st, key, np.array(bad))
     save_state(tmp_path / "s.npz", st)
-    with pytest.raises(FedalignError, match=f"{key} must be nonnegative weights summing to 1"):
-        load_state(tmp_path / "s.npz")
+    with pytest.raises(FedalignError, match=re.escape(f"s.npz: {key} must be nonnegative weights "
+                                                      "summing to 1")):
+        load_state(tmp_path / "s.npz")  # the file is named
