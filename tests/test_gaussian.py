@@ -8,15 +8,7 @@ from fedalign.errors import FedalignError
 from fedalign.gaussian import (bures_barycenter, bures_squared, gaussian_barycenter,
                                interpolate_map, ot_map, w2_squared)
 from fedalign.linalg import is_spd, sqrtm_psd
-
-
-def _spd(d, rng, cond=100.0):
-    Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
-    return (Q * np.geomspace(1, cond, d) * rng.uniform(0.5, 2)) @ Q.T
-
-
-def _rel(a, b):
-    return np.abs(a - b).max() / np.abs(b).max()
+from gaussian_data import numpy_kernels, rel as _rel, spd as _spd
 
 
 def test_map_pushes_covariance_and_is_spd():
@@ -328,10 +320,9 @@ def test_singular_iterate_gets_the_smallest_ridge_that_factors_it():
     """A ridge s·10^j·1e-14 (s = tr S / d), j = 0, 1, … until Cholesky succeeds: for
     eigenvalues 1 and −3e-10 (s ≈ 0.5) the first that works is s·1e-9; a negative definite S
     is an error."""
-    from fedalign._bures_fixed_point import _NumpyKernels, _safe_cholesky
+    from fedalign._bures_fixed_point import _safe_cholesky
 
-    kern = _NumpyKernels([np.eye(2)], np.ones(1), 1)
-    try:
+    with numpy_kernels() as kern:
         S = np.diag([1.0, -3e-10])
         L = _safe_cholesky(S, kern)
         np.testing.assert_allclose(L @ L.T - S, np.trace(S) / 2 * 1e-9 * np.eye(2), rtol=1e-6,
@@ -343,5 +334,3 @@ def test_singular_iterate_gets_the_smallest_ridge_that_factors_it():
         np.testing.assert_array_equal(L, np.sqrt(3.0) * np.eye(2))
         with pytest.raises(FedalignError, match="lost positive definiteness"):
             _safe_cholesky(-np.eye(2), kern)
-    finally:
-        kern.close()

@@ -12,15 +12,7 @@ import pytest
 from fedalign.errors import FedalignError
 from fedalign.gaussian import (bures_barycenter, bures_squared, gaussian_barycenter,
                                interpolate_map, normalize_weights, ot_map)
-
-
-def _spd(d, rng, cond=100.0):
-    Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
-    return (Q * np.geomspace(1, cond, d) * rng.uniform(0.5, 2)) @ Q.T
-
-
-def _rel(a, b):
-    return np.abs(a - b).max() / np.abs(b).max()
+from gaussian_data import numpy_kernels, rel as _rel, spd as _spd
 
 
 # -- closed forms and dtypes -----------------------------------------------------------------
@@ -79,32 +71,26 @@ def test_bad_inputs_are_refused_with_their_exact_messages():
         bures_barycenter([])
     with pytest.raises(FedalignError, match=r"^dimension mismatch: covariances \(3,\) and"):
         bures_barycenter([np.ones(3), np.ones(3)])      # vectors, not matrices: no IndexError
-    from fedalign._bures_fixed_point import _NumpyKernels, _safe_cholesky
+    from fedalign._bures_fixed_point import _safe_cholesky
 
-    kern = _NumpyKernels([np.eye(2)], np.ones(1), 1)
-    try:
+    with numpy_kernels() as kern:
         with pytest.raises(FedalignError, match=r"^barycenter iterate lost positive "
                                                 r"definiteness \(inputs too singular\)$"):
             _safe_cholesky(-np.eye(2), kern)
-    finally:
-        kern.close()
 
 
 def test_the_largest_cholesky_ridge_is_a_ten_thousandth_of_the_mean_eigenvalue():
     """Ridges s·1e-14, …, s·1e-4 (s = tr S / d) and no more: an eigenvalue of −4e-5 (s ≈ 0.5)
     factors with the last one, −3e-4 is an error."""
-    from fedalign._bures_fixed_point import _NumpyKernels, _safe_cholesky
+    from fedalign._bures_fixed_point import _safe_cholesky
 
-    kern = _NumpyKernels([np.eye(2)], np.ones(1), 1)
-    try:
+    with numpy_kernels() as kern:
         S = np.diag([1.0, -4e-5])
         L = _safe_cholesky(S, kern)
         np.testing.assert_allclose(L @ L.T - S, np.trace(S) / 2 * 1e-4 * np.eye(2), rtol=1e-9,
                                    atol=1e-20)
         with pytest.raises(FedalignError, match="lost positive definiteness"):
             _safe_cholesky(np.diag([1.0, -3e-4]), kern)
-    finally:
-        kern.close()
 
 
 @pytest.mark.parametrize("kw", [dict(backend="jax"), dict(device="tpu")])

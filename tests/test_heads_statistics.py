@@ -54,6 +54,15 @@ def _psd(S):
     return (V * np.clip(w, 0.0, None)) @ V.T
 
 
+def _assert_standard_normal(noise, sig, std_lo, std_hi):
+    """Release − exact sums over seeds, divided by the recorded σ, look like N(0, 1): no draw
+    beyond 6, mean within 0.3, std in (std_lo, std_hi), for every message key."""
+    for k, zs in noise.items():
+        z = np.concatenate(zs) / sig[k]
+        assert np.abs(z).max() < 6 and abs(z.mean()) < 0.3, k
+        assert std_lo < z.std() < std_hi, (k, z.std())
+
+
 # ------------------------------------------------------------------------------ FedCGS, exact
 @pytest.mark.parametrize("ddof", [0, 1])
 def test_fedcgs_global_statistics_are_the_pooled_means_and_covariance(ddof):
@@ -149,10 +158,7 @@ def test_fedcgs_dp_message_is_the_clipped_labeled_sums_plus_noise_of_the_recorde
         for k in exact:
             z = m[k] - exact[k]
             noise[k].append(z[np.triu_indices(D)] if k == "sum_xx" else z.ravel())
-    for k, zs in noise.items():
-        z = np.concatenate(zs) / sig[k]
-        assert np.abs(z).max() < 6 and abs(z.mean()) < 0.3, k
-        assert 0.85 < z.std() < 1.15, (k, z.std())
+    _assert_standard_normal(noise, sig, 0.85, 1.15)
 
 
 @pytest.mark.parametrize("head", [fedcgs, fed3r])
@@ -354,10 +360,7 @@ def test_fed3r_dp_message_is_the_clipped_gram_plus_noise_of_the_recorded_sigma(b
         assert m["clipped_fraction"] == clipped / len(y)
         noise["G"].append((m["G"] - exact["G"])[np.triu_indices(dt)])
         noise["B"].append((m["B"] - exact["B"]).ravel())
-    for k, zs in noise.items():
-        z = np.concatenate(zs) / sig[k]
-        assert np.abs(z).max() < 6 and abs(z.mean()) < 0.3, k
-        assert 0.88 < z.std() < 1.12, (k, z.std())
+    _assert_standard_normal(noise, sig, 0.88, 1.12)
 
 
 @pytest.mark.parametrize("bias", [False, True])
