@@ -216,16 +216,25 @@ def _identity(path) -> tuple:
     return os.path.realpath(p), ino
 
 
+def _keys(path) -> tuple:
+    """The names under which ``path`` is one file: its resolved path and, when it exists, its
+    (st_dev, st_ino). Two paths are one file when they share a key (:func:`same_file`)."""
+    real, ino = _identity(path)
+    return (("path", real),) if ino is None else (("path", real), ("inode", ino))
+
+
 def same_file(a, b) -> bool:
     """True when two spellings name one file: the same resolved path (symlinks, ``./``, ``..``)
     or, for existing files, the same (st_dev, st_ino) (hard links)."""
-    ra, ia = _identity(a)
-    rb, ib = _identity(b)
-    return ra == rb or (ia is not None and ia == ib)
+    return not set(_keys(a)).isdisjoint(_keys(b))
 
 
 def check_outputs(inputs, outputs, allow=()) -> None:
     """Refuse a command whose outputs include one of its inputs, or one file twice.
+
+    Each path is resolved once and looked up by its keys (:func:`_keys`), so a command with n
+    outputs and m inputs costs O(n + m) path resolutions, not O(n·(n + m)) (a federation of
+    10 clients × 100 rounds has ~1,000 outputs: 20 s pairwise).
 
     Parameters
     ----------
@@ -235,18 +244,28 @@ def check_outputs(inputs, outputs, allow=()) -> None:
     """
     ins = [Path(p) for p in inputs if p is not None]
     outs = [Path(p) for p in outputs if p is not None]
-    allowed = [Path(p) for p in allow if p is not None]
-    for i, o in enumerate(outs):
-        for o2 in outs[:i]:
-            if same_file(o, o2):
-                raise FedalignError(f"{o2} and {o} are the same output file: give different names")
-        if any(same_file(o, a) for a in allowed):
+    allowed = {k for p in allow if p is not None for k in _keys(p)}
+    first_input: dict = {}  # key → (position, input): the first input named by that key
+    for i, p in enumerate(ins):
+        for k in _keys(p):
+            first_input.setdefault(k, (i, p))
+    seen: dict = {}  # key → earlier output
+    for o in outs:
+        keys = _keys(o)
+        earlier = [seen[k] for k in keys if k in seen]
+        if earlier:
+            raise FedalignError(f"{earlier[0]} and {o} are the same output file: give "
+                                "different names")
+        for k in keys:
+            seen[k] = o
+        if allowed.intersection(keys):
             continue
-        for p in ins:
-            if same_file(o, p):
-                alias = "" if str(p) == str(o) else f" ({p})"
-                raise FedalignError(f"output {o} is also an input{alias}: refusing to overwrite "
-                                    "an input; give another output name")
+        hits = [first_input[k] for k in keys if k in first_input]
+        if hits:
+            p = min(hits, key=lambda h: h[0])[1]
+            alias = "" if str(p) == str(o) else f" ({p})"
+            raise FedalignError(f"output {o} is also an input{alias}: refusing to overwrite "
+                                "an input; give another output name")
 
 
 def _writable_folder(folder: Path, target: Path) -> None:
@@ -359,6 +378,7 @@ class Transaction:
 
     def __init__(self):
         self.entries: list = []  # (tmp, path, is_dir)
+        self._by_key: dict = {}  # key of an output (:func:`_keys`) → its entry
         self.folders: list = []  # folders created for the outputs (removed on rollback)
         self.after: list = []  # callables run after the commit
 
@@ -374,9 +394,9 @@ class Transaction:
         folder = path.parent
         if not folder.is_dir():
             raise FedalignError(f"output folder does not exist: {folder}")
-        for _, other, _ in self.entries:
-            if same_file(other, path):
-                raise FedalignError(f"{path} would be written twice by one command")
+        keys = _keys(path)
+        if any(k in self._by_key for k in keys):
+            raise FedalignError(f"{path} would be written twice by one command")
         remove_stale(path)
         suffix = path.suffix if suffix is None else suffix
         tmp = folder / f".{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
@@ -388,24 +408,32 @@ class Transaction:
         except OSError as e:
             raise FedalignError(f"cannot write {path}: {e.strerror or e}") from None
         _ACTIVE.add(tmp)
-        self.entries.append((tmp, path, directory))
+        entry = (tmp, path, directory)
+        self.entries.append(entry)
+        self._by_key.update((k, entry) for k in keys)
         return tmp
+
+    def _entry(self, path):
+        """The entry of output ``path`` (by any of its keys), or None."""
+        return next((self._by_key[k] for k in _keys(path) if k in self._by_key), None)
 
     def temporary(self, path) -> Path:
         """The temporary that will become output ``path``."""
-        for tmp, other, _ in self.entries:
-            if same_file(other, path):
-                return tmp
-        raise KeyError(f"{path} is not an output of this transaction")
+        entry = self._entry(path)
+        if entry is None:
+            raise KeyError(f"{path} is not an output of this transaction")
+        return entry[0]
 
     def commit_first(self, path) -> None:
         """Rename output ``path`` before the others (e.g. a state before the file it points to)."""
-        first = [e for e in self.entries if same_file(e[1], path)]
-        self.entries = first + [e for e in self.entries if e not in first]
+        entry = self._entry(path)
+        if entry is not None:
+            self.entries = [entry] + [e for e in self.entries if e is not entry]
 
     def discard(self, tmp: Path) -> None:
         """Forget (and remove) one temporary, e.g. after its writer failed."""
         self.entries = [e for e in self.entries if e[0] != tmp]
+        self._by_key = {k: e for k, e in self._by_key.items() if e[0] != tmp}
         _ACTIVE.discard(tmp)
         _remove(tmp)
 
@@ -439,7 +467,7 @@ class Transaction:
                 except OSError as e:
                     raise FedalignError(f"cannot write {path}: {e.strerror or e}") from None
                 _ACTIVE.discard(tmp)
-            self.entries = []
+            self.entries, self._by_key = [], {}
             for fn in self.after:
                 fn()
 
@@ -447,7 +475,7 @@ class Transaction:
         for tmp, _, _ in self.entries:
             _ACTIVE.discard(tmp)
             _remove(tmp)
-        self.entries = []
+        self.entries, self._by_key = [], {}
         for p in reversed(self.folders):
             with contextlib.suppress(OSError):
                 p.rmdir()

@@ -1,6 +1,7 @@
 """File kinds: writers, validating readers, atomic writes."""
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -87,3 +88,93 @@ def test_report_roundtrip(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"kind": "other"}))
     with pytest.raises(FedalignError):
         read_report(tmp_path / "x.json")
+
+
+# ------------------------------------------------ one file, several spellings: keyed lookups
+def _count_resolutions(monkeypatch):
+    """Count ``os.path.realpath`` calls made by fedalign.files."""
+    import fedalign.files as files
+
+    calls = []
+    real = files.os.path.realpath
+
+    def counting(p, *a, **k):
+        calls.append(p)
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(files.os.path, "realpath", counting)
+    return calls
+
+
+def test_check_outputs_resolves_each_path_once(tmp_path, monkeypatch):
+    """A federation's ~1,000 outputs: n + m resolutions, not one per pair (20 s at n = 1,000)."""
+    from fedalign.files import check_outputs
+
+    ins = [tmp_path / f"c{c}.gmm.npz" for c in range(10)]
+    outs = [tmp_path / f"r{r:03d}" / f"c{c}.npz" for r in range(150) for c in range(10)]
+    calls = _count_resolutions(monkeypatch)
+    check_outputs(ins, outs, allow=[ins[0]])
+    assert len(calls) == len(ins) + len(outs) + 1
+
+
+def test_check_outputs_sees_every_spelling_and_names_the_first_input(tmp_path, monkeypatch):
+    from fedalign.files import check_outputs
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).write_text(name)
+    os.link("a", "hard")
+    (tmp_path / "soft").symlink_to("b")
+    check_outputs(["a", "b"], ["x", "y"])                                   # distinct: fine
+    (tmp_path / "d").mkdir()
+    for outs, msg in ((["x", str(tmp_path / "x")], f"x and {tmp_path}/x are the same output"),
+                      (["x", "d/../x"], "x and d/../x are the same output file"),
+                      (["y", "hard"], r"output hard is also an input \(a\)"),   # a hard link
+                      (["soft"], r"output soft is also an input \(b\)"),        # a symlink
+                      ([str(tmp_path / "b")], f"output {tmp_path}/b is also an input \\(b\\)")):
+        with pytest.raises(FedalignError, match=msg):
+            check_outputs(["a", "b"], outs)
+    # an input given twice under two spellings: the message names the first one given
+    with pytest.raises(FedalignError, match=r"output a is also an input \(hard\)"):
+        check_outputs(["hard", "a"], ["a"])
+    with pytest.raises(FedalignError, match=r"output a is also an input: refusing"):
+        check_outputs(["a", "hard"], ["a"])
+    check_outputs(["a"], ["hard"], allow=["./a"])                         # updated in place
+    check_outputs([None, "a"], [None, "x"])                               # None entries ignored
+
+
+def test_transaction_finds_its_outputs_by_any_spelling_in_one_lookup(tmp_path, monkeypatch):
+    from fedalign.files import atomic_outputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old").write_text("old")
+    (tmp_path / "link").symlink_to("old")
+    (tmp_path / "d").mkdir()
+    n = 300
+    with atomic_outputs() as tx:
+        calls = _count_resolutions(monkeypatch)
+        tmps = [tx.add(f"f{i}.txt") for i in range(n)]
+        assert len(calls) == n                                     # one resolution per output
+        old_tmp = tx.add("old")
+        for bad in ("./f7.txt", "d/../f7.txt", "link"):          # the same file again
+            with pytest.raises(FedalignError, match="would be written twice"):
+                tx.add(bad)
+        assert tx.temporary("./f7.txt") == tmps[7] and tx.temporary("link") == old_tmp
+        with pytest.raises(KeyError):
+            tx.temporary("nope")
+        tx.commit_first("./f9.txt")
+        assert tx.entries[0][0] == tmps[9] and len(tx.entries) == n + 1
+        tx.commit_first("nope")                                    # not an output: no change
+        assert tx.entries[0][0] == tmps[9] and len(tx.entries) == n + 1
+        tx.discard(tmps[3])
+        with pytest.raises(KeyError):
+            tx.temporary("f3.txt")
+        assert tx.add("f3.txt") != tmps[3]                         # free again after discard
+        for i, t in enumerate(tmps):
+            if i != 3:
+                t.write_text(str(i))
+        tx.temporary("f3.txt").write_text("3")
+        old_tmp.write_text("new")
+    assert [(tmp_path / f"f{i}.txt").read_text() for i in (0, 3, n - 1)] == ["0", "3", str(n - 1)]
+    assert (tmp_path / "old").read_text() == "new"
+    assert not [p for p in tmp_path.iterdir() if ".fedalign-tmp-" in p.name]
