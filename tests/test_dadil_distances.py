@@ -271,3 +271,20 @@ def test_exact_plans_get_a_million_network_simplex_iterations(monkeypatch):
     monkeypatch.setattr(pot, "emd", spy)
     distances.emd_plan(np.ones(3), np.ones(2), np.arange(6.0).reshape(3, 2))
     assert seen.get("numItermax") == distances.EMD_MAX_ITER == 1_000_000
+    # the plan only: no dual centring, no mass assertion (both weights are normalised)
+    assert seen.get("center_dual") is False and seen.get("check_marginals") is False
+
+
+@pytest.mark.parametrize("K1, K2, seed", [(5, 7, 0), (30, 30, 1), (60, 40, 2)])
+def test_plan_equals_pot_default_emd_bit_for_bit(K1, K2, seed):
+    """Skipping the duals' centring and the mass check leaves the network simplex's plan
+    unchanged, to the last bit (POT's ot.emd at its defaults as the oracle)."""
+    import ot as pot
+
+    from fedalign.dadil.distances import emd_plan
+
+    rng = np.random.default_rng(seed)
+    w1, w2 = rng.random(K1) + 0.1, rng.random(K2) + 0.1
+    C = rng.random((K1, K2)) ** 2
+    expected = pot.emd(w1 / w1.sum(), w2 / w2.sum(), C, numItermax=1_000_000)
+    np.testing.assert_array_equal(emd_plan(w1, w2, C), expected)

@@ -28,6 +28,7 @@ Mixture Models and Optimal Transport", ECML-PKDD 2024.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -98,12 +99,24 @@ def _pot():
     return ot
 
 
+@functools.lru_cache(maxsize=1)
+def _emd_plan_only() -> dict:
+    """``ot.emd`` options that skip work the plan does not need: centring the dual potentials
+    (``center_dual``) and asserting equal masses (``check_marginals``; both weights are
+    normalised here). Together ~⅓ of ``ot.emd``'s time on DaDiL's 10-50-atom problems; the
+    plan is the network simplex's either way. Options an older POT lacks are not passed."""
+    import inspect
+
+    params = inspect.signature(_pot().emd).parameters
+    return {k: False for k in ("center_dual", "check_marginals") if k in params}
+
+
 def emd_plan(w1, w2, C) -> np.ndarray:
     """Exact OT plan (K1, K2) between weights (normalised to sum 1) for a cost matrix."""
     ot = _pot()
     w1, w2 = _f64(w1), _f64(w2)
     return ot.emd(w1 / w1.sum(), w2 / w2.sum(), np.ascontiguousarray(C, dtype=np.float64),
-                  numItermax=EMD_MAX_ITER)
+                  numItermax=EMD_MAX_ITER, **_emd_plan_only())
 
 
 def ot_plan(w1, m1, v1, w2, m2, v2, L1=None, L2=None, beta=None) -> np.ndarray:
