@@ -202,7 +202,9 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     workers : threads for the K square roots (default: CPU count)
     reduce : solve on the common subspace outside which all Σ_k are scalar when it is at most
         half the dimension (exact; :func:`fedalign._bures_fixed_point._scalar_complement`) —
-        clients with n_k ≪ d
+        clients with n_k ≪ d. Directions no client varies in (constant features; below the
+        1e-12·tr/d ridge every Σ_k gets) are always split off, unless ``init`` is given: the
+        barycenter is the ridge there (:func:`_common_range`)
     progress : optional callable(iteration, rel_change, residual), called after every
         iteration (the CLI's progress display)
     backend, device : ``"numpy"``/``"cpu"`` (default) or ``"torch"`` on ``"cpu"``,
@@ -214,8 +216,6 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     -------
     :class:`BuresBarycenter` (the covariance and its convergence record)
     """
-    import os
-
     covs = [sym(np.asarray(C, dtype=np.float64)) for C in covs]
     K = len(covs)
     if K == 0:
@@ -229,7 +229,56 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         return BuresBarycenter(covs[0].copy(), 0, 0.0, 0.0, True)
     # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
     scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
-    covs = [C + 1e-12 * scale * np.eye(d) for C in covs]
+    ridge = 1e-12 * scale
+    U = _common_range(covs, weights, ridge) if init is None else None
+    covs = [C + ridge * np.eye(d) for C in covs]
+    if U is None:
+        return _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progress,
+                      backend, device)
+    # directions no client varies in (constant features): every ridged Σ_k is ridge·I there,
+    # so the barycenter splits exactly, B = U B_U Uᵀ + ridge (I − U Uᵀ)
+    if U.shape[1] == 0:
+        return BuresBarycenter(ridge * np.eye(d), 0, 0.0, 0.0, True, reduced_dim=0)
+    sub = _solve([sym(U.T @ C @ U) for C in covs], weights, tol, max_iter, None, anderson,
+                 workers, reduce, progress, backend, device)
+    S = sym(U @ (sub.covariance - ridge * np.eye(U.shape[1])) @ U.T)
+    S[np.diag_indices_from(S)] += ridge
+    return BuresBarycenter(S, sub.iterations, sub.rel_change, sub.residual, sub.converged,
+                           sub.history, reduced_dim=sub.reduced_dim or U.shape[1])
+
+
+def _common_range(covs, weights, ridge: float):
+    """Orthonormal basis U (d, r) of the directions some client varies in (by more than
+    ``ridge``), when others exist; else None.
+
+    A direction v with vᵀ(Σ_k w_k Σ_k)v ≤ ridge (a feature constant on every client, or one
+    fixed combination of features) is below the ridge every Σ_k gets, and the fixed point
+    cannot resolve it: its roots (Lᵀ Σ_k L)^{1/2} square the condition number, and their
+    eigenvalue floor (1e-12 λ_max) made the barycenter ~1e-6·scale there instead of the
+    ridge. One Cholesky factorisation of W − ridge·I (W = Σ_k w_k Σ_k) shows none exists, so
+    inputs without such directions take the fixed point unchanged; otherwise W's
+    eigenvectors above the ridge are U.
+    """
+    from scipy.linalg import LinAlgError, cholesky
+
+    d = covs[0].shape[0]
+    W = sym(sum(float(w) * C for w, C in zip(weights, covs)))
+    try:
+        cholesky(W - ridge * np.eye(d), lower=True)
+        return None
+    except LinAlgError:
+        pass
+    lam, V = np.linalg.eigh(W)
+    return V[:, lam > ridge]
+
+
+def _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progress, backend,
+           device) -> BuresBarycenter:
+    """The fixed point on SPD ``covs`` (numpy), reduced to their common non-scalar subspace
+    when ``reduce`` applies (:func:`fedalign._bures_fixed_point._scalar_complement`)."""
+    import os
+
+    K, d = len(covs), covs[0].shape[0]
     workers = workers or os.cpu_count() or 1
     xp = get_backend(backend, device)
     with xp.guard(f"the barycenter (K={K}, d={d})", array_bytes(*[(K + 8, d, d)] * 2)):
@@ -252,7 +301,6 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         S[np.diag_indices_from(S)] += cb
     return BuresBarycenter(S, reduced_dim=None if split is None else int(split[0].shape[1]),
                            **info)
-
 
 
 def normalize_weights(weights, K: int) -> np.ndarray:

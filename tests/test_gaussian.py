@@ -114,6 +114,66 @@ def test_near_singular_inputs_give_finite_spd():
     assert np.all(np.isfinite(A)) and is_spd(A)
 
 
+def _with_constant_features(covs, d, const, Q):
+    """Embed (r, r) covariances as the varying block of (d, d) ones, zero at rows/columns
+    ``const``, then rotate all by the orthogonal ``Q``."""
+    keep = [j for j in range(d) if j not in const]
+    out = []
+    for C in covs:
+        F = np.zeros((d, d))
+        F[np.ix_(keep, keep)] = C
+        out.append(Q @ F @ Q.T)
+    return out, keep
+
+
+@pytest.mark.parametrize("rotate", [False, True])
+def test_features_constant_on_every_client_stay_at_the_ridge(rotate):
+    """A feature no client varies in: the barycenter is the ridge there (its exact barycenter)
+    and, on the rest, the barycenter of the varying block (POT as the oracle). The fixed
+    point alone made it ~1e-6·scale there (its roots' eigenvalue floor): 10⁶ × the ridge.
+    The same holds for a fixed combination of features (``rotate``: a random rotation)."""
+    rng = np.random.default_rng(11)
+    d, const = 7, (0, 4)
+    block = [_spd(d - len(const), rng, cond=20) for _ in range(3)]
+    w = np.array([0.5, 0.3, 0.2])
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0] if rotate else np.eye(d)
+    covs, keep = _with_constant_features(block, d, const, Q)
+    res = bures_barycenter(covs, w, tol=1e-12)
+    ridge = 1e-12 * max(np.trace(C) for C in covs) / d
+    S = Q.T @ res.covariance @ Q                  # back to the coordinates of the blocks
+    _, Sp = ot.gaussian.bures_wasserstein_barycenter(np.zeros((3, d - 2)), np.array(block), w,
+                                                     num_iter=5000, eps=1e-14)
+    assert res.converged and res.reduced_dim == d - len(const)
+    assert _rel(S[np.ix_(keep, keep)], Sp) < 1e-9
+    # the ridge there: to its last digits in place, to the rounding of ‖S‖ (1e-16 · 10) when
+    # rotated back (the old result was off by ~1e-5, 10⁶ × the ridge)
+    err = np.abs(S[np.ix_(const, const)] - ridge * np.eye(2)).max()
+    assert err < (1e-14 * np.abs(Sp).max() if rotate else 1e-9 * ridge), err
+    assert np.abs(S[np.ix_(keep, const)]).max() < 1e-9 * np.abs(Sp).max()
+    assert is_spd(res.covariance)
+
+
+def test_no_client_varies_at_all_and_a_common_range_is_only_sought_below_the_ridge():
+    """All features constant: the ridge itself, no iteration. SPD inputs (every shrunk
+    covariance) are not split: one Cholesky factorisation shows it."""
+    from fedalign.gaussian import _common_range
+
+    d = 5
+    res = bures_barycenter([np.zeros((d, d)), np.zeros((d, d))])
+    assert res.iterations == 0 and res.converged and res.reduced_dim == 0
+    np.testing.assert_array_equal(res.covariance, 1e-12 * np.finfo(float).tiny * np.eye(d))
+    rng = np.random.default_rng(3)
+    covs = [_spd(d, rng, cond=1e6) for _ in range(3)]
+    assert _common_range(covs, np.ones(3) / 3, 1e-12 * np.trace(covs[0]) / d) is None
+    res = bures_barycenter(covs)
+    assert res.reduced_dim is None and res.converged
+    # a direction varying by less than the ridge counts as constant, one above it does not
+    C = np.diag([1.0, 1.0, 1.0, 1.0, 0.5e-12])
+    assert _common_range([C, C], np.ones(2) / 2, 1e-12).shape == (d, d - 1)
+    C[-1, -1] = 2e-12
+    assert _common_range([C, C], np.ones(2) / 2, 1e-12) is None
+
+
 def test_dimension_mismatch():
     with pytest.raises(FedalignError, match="dimension"):
         bures_barycenter([np.eye(2), np.eye(3)])
