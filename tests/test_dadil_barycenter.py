@@ -264,3 +264,34 @@ def test_barycentric_weights_must_lie_on_the_simplex():
         check_simplex([1 / 3, 1 / 3, 0.5], "alpha_T")
     assert str(e.value) == "alpha_T must be nonnegative weights summing to 1, got [0.3333 0.3333 0.5   ]"
     assert check_simplex([0, 1, 0]).dtype == np.float64
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(max_iter=0), "max_iter must be an integer ≥ 1, got 0"),
+    (dict(max_iter=-3), "max_iter must be an integer ≥ 1, got -3"),
+    (dict(max_iter=2.5), "max_iter must be an integer ≥ 1, got 2.5"),
+    (dict(max_iter=True), "max_iter must be an integer ≥ 1, got True"),
+    (dict(max_iter="10"), "max_iter must be an integer ≥ 1, got '10'"),
+    (dict(n_components=0), "n_components must be an integer ≥ 1, got 0"),
+    (dict(n_components=1.0), "n_components must be an integer ≥ 1, got 1.0"),
+    (dict(tol=-1e-6), "tol must be a finite number ≥ 0, got -1e-06"),
+    (dict(tol=float("nan")), "tol must be a finite number ≥ 0, got nan"),
+    (dict(tol="1e-6"), "tol must be a finite number ≥ 0, got '1e-6'"),
+])
+def test_fixed_point_settings_are_checked_with_one_error(kw, msg):
+    """max_iter = 0 ended in an AttributeError (no plans), n_components = 0 meant K."""
+    atoms = init_atoms(2, 3, 2, 2, seed=0)
+    with pytest.raises(FedalignError) as e:
+        labeled_barycenter(np.ones(2) / 2, atoms.means, atoms.variances, atoms.label_logits,
+                           labels_are_logits=True, **kw)
+    assert str(e.value) == msg
+
+
+def test_one_fixed_point_iteration_and_integer_types_of_numpy():
+    atoms = init_atoms(2, 3, 2, 2, seed=0)
+    args = (np.ones(2) / 2, atoms.means, atoms.variances, atoms.label_logits)
+    one = labeled_barycenter(*args, labels_are_logits=True, max_iter=1, tol=0)
+    assert one.iterations == 1 and not one.converged and one.plans.shape == (2, 3, 3)
+    four = labeled_barycenter(*args, labels_are_logits=True, n_components=np.int64(4),
+                              max_iter=np.int32(50), tol=np.float32(1e-6))
+    assert four.means.shape == (4, 2) and four.converged

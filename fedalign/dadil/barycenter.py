@@ -104,7 +104,10 @@ def barycenter_plans(alpha, M, S, L, n_components: int, tol: float = 1e-6, max_i
     """
     A, K, _ = M.shape
     C = L.shape[2]
-    KB = int(n_components)
+    KB = _check_count(n_components, "n_components")
+    _check_count(max_iter, "max_iter")
+    if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol >= 0):
+        raise FedalignError(f"tol must be a finite number ≥ 0, got {tol!r}")
     idx = np.arange(KB) % K
     mB = np.einsum("a,ajd->jd", alpha, M[:, idx])
     sB = np.einsum("a,ajd->jd", alpha, S[:, idx])
@@ -126,6 +129,14 @@ def barycenter_plans(alpha, M, S, L, n_components: int, tol: float = 1e-6, max_i
             plans = _plans(feats, L, mB, sB, LB, label_term)
             break
     return plans, dict(iterations=it, rel_change=rel, converged=rel <= tol)
+
+
+def _check_count(value, name: str) -> int:
+    """``value`` as an int ≥ 1 (a bool, a float or a string is refused by name)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise FedalignError(f"{name} must be an integer ≥ 1, got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -188,7 +199,7 @@ def labeled_barycenter(alpha, means, variances, labels, n_components: int | None
     check_shapes(alpha, means, variances, labels)
     if labels_are_logits:
         labels = softmax(labels)
-    KB = int(n_components or means.shape[1])
+    KB = means.shape[1] if n_components is None else n_components
     stds = np.sqrt(variances)
     plans, info = barycenter_plans(alpha, means, stds, labels, KB, tol, max_iter, label_term)
     mB, sB, LB = project(alpha, plans, means, stds, labels, KB)

@@ -74,6 +74,21 @@ def rng_to_array(rng: np.random.Generator) -> np.ndarray:
                     dtype=np.uint64)
 
 
+def check_rng_words(words, path) -> None:
+    """Refuse ``rng_state`` words that :func:`rng_to_array` cannot have written: not 6
+    unsigned 64-bit words, an even increment (numpy's PCG64 always has an odd one; an all-zero
+    state made the peer draws loop forever), ``has_uint32`` not 0/1, or a cached 32-bit
+    ``uinteger`` of more than 32 bits."""
+    w = np.asarray(words)
+    if w.shape != (6,) or w.dtype.kind not in "ui" or (w.dtype.kind == "i" and w.min() < 0):
+        raise FedalignError(f"{path}: rng_state must be the 6 words of a PCG64 state")
+    w = [int(x) for x in w]
+    if w[3] % 2 == 0:
+        raise FedalignError(f"{path}: rng_state is not a PCG64 state (even increment)")
+    if w[4] not in (0, 1) or w[5] >= 1 << 32:
+        raise FedalignError(f"{path}: rng_state is not a PCG64 state (bad cached 32-bit word)")
+
+
 def rng_from_array(a) -> np.random.Generator:
     """Inverse of :func:`rng_to_array`."""
     a = [int(x) for x in np.asarray(a, dtype=np.uint64)]
@@ -235,8 +250,7 @@ def load_state(path) -> ClientState:
     history = meta.get("history", [])
     if not isinstance(history, list):
         raise FedalignError(f"{path}: state history must be a list")
-    if a["rng_state"].shape != (6,):
-        raise FedalignError(f"{path}: rng_state must be the 6 words of a PCG64 state")
+    check_rng_words(a["rng_state"], path)
     missing = [k for k in _RECEIVED if k not in a]
     if 0 < len(missing) < len(_RECEIVED):
         raise FedalignError(f"{path}: state received dictionary without {', '.join(missing)}")
