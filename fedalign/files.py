@@ -90,13 +90,27 @@ class Schema:
     required: dict
     optional: dict = field(default_factory=dict)
     spd: tuple = ()  # (d, d) arrays that must be symmetric positive definite
+    meta: dict = field(default_factory=dict)  # metadata key → type name (:data:`META_TYPES`)
 
 
 SCHEMAS: dict[str, Schema] = {}
 
+#: What a metadata value of each type name must be (a key that is absent or null passes).
+META_TYPES = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "strings": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                "a list of strings"),
+}
 
-def _schema(kind, version, required, optional=None, spd=()):
-    SCHEMAS[kind] = Schema(kind, version, required, optional or {}, tuple(spd))
+#: Metadata every kind may record about its owner (read by the protocol checks).
+_OWNER_META = {"client": "str", "domain": "str", "clients": "strings"}
+
+
+def _schema(kind, version, required, optional=None, spd=(), meta=None):
+    SCHEMAS[kind] = Schema(kind, version, required, optional or {}, tuple(spd), meta or {})
 
 
 _schema(
@@ -120,6 +134,7 @@ _schema(
         "class_names": (("C",), "U"),
     },
     spd=("covariance",),
+    meta=dict(_OWNER_META, class_names="strings", dp="object"),
 )
 _schema(
     "reference",
@@ -131,6 +146,7 @@ _schema(
         "n": (("K",), "i"),
     },
     spd=("covariance",),
+    meta=dict(convergence="object", dp_inputs="list"),
 )
 _schema(
     "map",
@@ -140,6 +156,8 @@ _schema(
         "b": (("d",), "f"),
     },
     spd=("A",),
+    meta=dict(_OWNER_META, scope="str", reference_sha256="str", stats_sha256="str",
+              client_stats_sha256="strings", dp="object"),
 )
 _schema(
     "gmm",
@@ -153,6 +171,7 @@ _schema(
         "labels": (("K", "C"), "f"),
         "class_names": (("C",), "U"),
     },
+    meta=dict(n_classes="int", fit="list"),
 )
 _schema(
     "atoms",
@@ -182,6 +201,8 @@ _schema(
         "received_label_logits": (("A", "K", "C"), "f"),
         "alpha_received": (("A",), "f"),
     },
+    meta=dict(client="str", settings="object", history="list", gmm_path="str",
+              gmm_sha256="str", published="object", producer="str"),
 )
 
 FEATURES_KIND = "features"
@@ -266,6 +287,22 @@ def check_outputs(inputs, outputs, allow=()) -> None:
             alias = "" if str(p) == str(o) else f" ({p})"
             raise FedalignError(f"output {o} is also an input{alias}: refusing to overwrite "
                                 "an input; give another output name")
+
+
+def check_distinct(paths, what: str = "input") -> None:
+    """Refuse one file given twice among ``paths`` (any spelling: symlinks, ``./``, hard
+    links): e.g. one client's statistics counted as two clients of a barycenter."""
+    seen: dict = {}
+    for p in paths:
+        if p is None:
+            continue
+        keys = _keys(p)
+        earlier = next((seen[k] for k in keys if k in seen), None)
+        if earlier is not None:
+            alias = "" if str(earlier) == str(p) else f" (as {earlier})"
+            raise FedalignError(f"{what} {p} is given twice{alias}: each file counts once")
+        for k in keys:
+            seen[k] = p
 
 
 def _writable_folder(folder: Path, target: Path) -> None:
@@ -671,14 +708,47 @@ def read_npz(path, kind: str) -> tuple[dict, dict]:
     found = str(data.pop(_KIND_KEY))
     if found != kind:
         raise FedalignError(f"{path}: is a {found} file, expected a {kind} file")
-    version = int(data.pop(_VERSION_KEY, -1))
+    version = _npz_version(data.pop(_VERSION_KEY, np.array(-1)), path, kind)
     if version != schema.version:
         raise FedalignError(
             f"{path}: {kind} format_version {version} is not supported (expected {schema.version})"
         )
-    meta = json.loads(str(data.pop(_META_KEY, "{}")))
+    meta = _npz_meta(data.pop(_META_KEY, np.array("{}")), path)
+    _validate_meta(meta, schema, path)
     _validate_arrays(data, schema, source=str(path))
     return data, meta
+
+
+def _validate_meta(meta: dict, schema: Schema, path) -> None:
+    """The metadata values a reader uses have their types (:attr:`Schema.meta`)."""
+    for key, tname in schema.meta.items():
+        value = meta.get(key)
+        ok, what = META_TYPES[tname]
+        if value is not None and not ok(value):
+            raise FedalignError(f"{path}: metadata '{key}' must be {what}, got "
+                                f"{type(value).__name__} {json.dumps(value)[:60]}")
+
+
+def _npz_version(a: np.ndarray, path, kind: str) -> int:
+    """The ``__format_version__`` entry: one integer (a string, a float or a list is not)."""
+    if a.shape != () or a.dtype.kind not in "iu":
+        raise FedalignError(f"{path}: {kind} format_version must be one integer, got "
+                            f"{np.array2string(a, threshold=5)} ({a.dtype})")
+    return int(a)
+
+
+def _npz_meta(a: np.ndarray, path) -> dict:
+    """The ``__meta__`` entry: one string holding a JSON object."""
+    if a.shape != () or a.dtype.kind not in "US":
+        raise FedalignError(f"{path}: metadata must be one JSON string, got {a.dtype} {a.shape}")
+    try:
+        meta = json.loads(str(a))
+    except ValueError as e:
+        raise FedalignError(f"{path}: metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise FedalignError(f"{path}: metadata must be a JSON object, got "
+                            f"{type(meta).__name__}")
+    return meta
 
 
 def _get_schema(kind: str) -> Schema:

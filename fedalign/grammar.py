@@ -25,13 +25,20 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
             try:
                 if "-" in tok[1:]:
                     lo, hi = tok.split("-", 1) if tok[0] != "-" else (tok, tok)
-                    seeds.extend(range(int(lo), int(hi) + 1))
+                    lo, hi = int(lo), int(hi)
+                    if lo > hi:
+                        raise FedalignError(f"{flag}: the range {tok!r} is empty (write it "
+                                            f"low-high, e.g. {hi}-{lo})")
+                    seeds.extend(range(lo, hi + 1))
                 else:
                     seeds.append(int(tok))
             except ValueError:
                 raise FedalignError(f"{flag}: expected integers like 0,1,2 or 0-4, got {tok!r}") from None
     if not seeds:
         raise FedalignError(f"{flag}: give at least one seed")
+    if min(seeds) < 0:
+        raise FedalignError(f"{flag}: seeds must be ≥ 0 (numpy's generators take no negative "
+                            f"seed), got {min(seeds)}")
     return sorted(set(seeds))
 
 

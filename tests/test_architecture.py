@@ -111,7 +111,7 @@ def test_rooms_import_only_what_they_may():
 def test_dadil_rooms_import_only_rooms_above_them():
     """Inside fedalign.dadil, the order of docs/architecture.md (and of the package docstring)
     is a layering: a room imports only rooms listed before it."""
-    order = ["distances", "barycenter", "atoms", "gradients", "optim", "dictionary", "state",
+    order = ["distances", "barycenter", "atoms", "gradients", "optim", "dictionary", "rng", "state",
              "gossip", "simulation", "consensus", "classifiers", "evaluation", "envelope"]
     bad = []
     for i, room in enumerate(order):

@@ -16,7 +16,10 @@ file, no temporary left). The cases are grouped by the eight failure classes of 
    names, class-count mismatches, unlabeled test files, negative epochs);
 6. misleading messages (negative chunk sizes, constant features);
 7. foreign but reasonable HDF5 files (read, or refused naming the attribute);
-8. concurrency (a second ``dadil-round`` on a locked state).
+8. concurrency (a second ``dadil-round`` on a locked state);
+9. what a fuzzer found: hand-edited npz metadata (bad JSON, not an object, a text version,
+   values of the wrong type, missing state settings), ``align --stats`` on broken files,
+   infinite and negative option values, one file given twice.
 """
 
 from __future__ import annotations
@@ -761,6 +764,98 @@ def test_class8_a_locked_state_is_refused(here):
                 "--state", "c0.state.npz", "-o", "n.atoms.npz", match="locked")
     _ok("dadil-round", "--state", "c0.state.npz", "--local-steps", "1", "-o", "n.atoms.npz",
         "fed/c1.atoms.npz")
+
+
+# --------------------------------------------------------------------------------------------
+# Class 9: what a fuzzer found (hand-edited files, non-finite and negative option values)
+# --------------------------------------------------------------------------------------------
+
+
+def _edit_npz(src, dst, **entries):
+    """A copy of ``src`` with raw npz entries replaced (``__meta__`` etc.), by hand."""
+    d = dict(np.load(src))
+    d.update({k: np.array(v) for k, v in entries.items()})
+    np.savez(dst, **d)
+
+
+def _edit_meta(src, dst, **fields):
+    d = dict(np.load(src))
+    meta = json.loads(str(d["__meta__"]))
+    meta.update(fields)
+    for k in [k for k, v in fields.items() if v is _DROP]:
+        del meta[k]
+    d["__meta__"] = np.array(json.dumps(meta))
+    np.savez(dst, **d)
+
+
+_DROP = object()
+
+#: file of the world → a command line reading it as x.npz
+NPZ_READERS = {
+    "a.stats.npz": ["barycenter", "x.npz", "b.stats.npz", "-o", "o.npz"],
+    "ref.npz": ["align", "a.h5", "x.npz", "-o", "o.h5"],
+    "a.map.npz": ["align", "--map", "x.npz", "a.test.h5", "-o", "o.h5"],
+    "a.gmm.npz": ["dadil-round", "--init", "--client", "n", "--gmm", "x.npz", "--state", "s.npz",
+                  "-o", "o.npz"],
+    "c0.state.npz": ["dadil-round", "--state", "x.npz", "-o", "o.npz", "fed/c1.atoms.npz"],
+}
+
+
+@pytest.mark.parametrize("entries, match", [
+    (dict(__meta__="{bad"), "metadata is not valid JSON"),
+    (dict(__meta__="[1, 2]"), "metadata must be a JSON object, got list"),
+    (dict(__format_version__="1"), "format_version must be one integer, got '1'"),
+    (dict(__format_version__=[1, 1]), "format_version must be one integer"),
+], ids=["bad-json", "list", "version-text", "version-list"])
+@pytest.mark.parametrize("src", list(NPZ_READERS))
+def test_class9_broken_npz_metadata_is_one_error_for_every_kind(here, src, entries, match):
+    _edit_npz(src, "x.npz", **entries)
+    refused(here, *NPZ_READERS[src], match=match)
+
+
+@pytest.mark.parametrize("src, fields, match", [
+    ("a.stats.npz", dict(class_names=5), "metadata 'class_names' must be a list of strings"),
+    ("a.map.npz", dict(client=5), "metadata 'client' must be a string, got int"),
+    ("a.map.npz", dict(reference_sha256=["x"]), "metadata 'reference_sha256' must be a string"),
+    ("c0.state.npz", dict(settings=3), "metadata 'settings' must be a JSON object, got int"),
+    ("c0.state.npz", dict(settings=_DROP), "client c0's state: settings lack 'optimizer'"),
+    ("c0.state.npz", dict(settings=dict(lr="zz", lr_alpha=0.5, optimizer="gd",
+                                        alpha_rule="newton")),
+     "setting 'lr' must be a number, got 'zz'"),
+    ("c0.state.npz", dict(settings=dict(lr=0.5, lr_alpha=0.5, optimizer="sgd",
+                                        alpha_rule="newton")),
+     "client c0's state: optimizer must be one of gd, adam, got 'sgd'"),
+])
+def test_class9_metadata_values_of_the_wrong_type_are_named(here, src, fields, match):
+    _edit_meta(src, "x.npz", **fields)
+    refused(here, *NPZ_READERS[src], match=re.escape(match))
+
+
+def test_class9_align_stats_is_read_like_every_other_stats_file(here):
+    Path("t.npz").write_bytes(Path("a.stats.npz").read_bytes()[:200])
+    Path("e.npz").write_bytes(b"")
+    for bad, match in (("t.npz", "not a readable .npz file"), ("e.npz", "not a readable .npz"),
+                       ("a.h5", "is an HDF5 file"), ("r.json", "not a readable .npz")):
+        refused(here, "align", "a.h5", "ref.npz", "--stats", bad, "-o", "o.h5", match=match)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["fit-gmm", "a.h5", "-o", "o.npz", "--tol", "inf"], "--tol must be a finite number, got inf"),
+    (["dadil-round", "--init", "--client", "n", "--gmm", "a.gmm.npz", "--state", "s.npz", "-o",
+      "o.npz", "--lr", "inf"], "--lr must be a finite number, got inf"),
+    (["align", "a.h5", "ref.npz", "-o", "o.h5", "--tau", "-inf"], "--tau must be a finite number"),
+    (["fit-gmm", "a.h5", "-o", "o.npz", "--seed", "-1"], "--seed must be ≥ 0, got -1"),
+    (["evaluate", "-m", "fedcgs", "--train", "a.h5", "--test", "a.test.h5", "--seeds", "-1"],
+     "seeds must be ≥ 0"),
+    (["dadil-evaluate", "--test", "a.test.h5", "--state", "c0.state.npz", "--seeds", "2-0"],
+     "the range '2-0' is empty"),
+    (["barycenter", "a.stats.npz", "./a.stats.npz", "-o", "o.npz"],
+     "stats file a.stats.npz is given twice"),
+    (["evaluate", "-m", "fedcgs", "--train", "a.h5", "--train", "a.h5", "--test", "a.test.h5"],
+     "--train file a.h5 is given twice"),
+], ids=["tol-inf", "lr-inf", "tau-inf", "seed", "seeds", "seed-range", "twice", "train-twice"])
+def test_class9_non_finite_negative_and_repeated_values_are_refused(here, args, match):
+    refused(here, *args, match=re.escape(match))
 
 
 # --------------------------------------------------------------------------------------------

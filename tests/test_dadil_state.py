@@ -233,7 +233,7 @@ BAD_STATES = {
                   "var_floor must be 4 values > 0"),
     "floor of 3": (dict(var_floor=_floor([0.1, 0.1, 0.1])), None, "'var_floor' has d=3"),
     "history dict": (dict(), {"client": "c0", "history": {"round": 1}},
-                     "state history must be a list"),
+                     "metadata 'history' must be a list, got dict"),
     "rng of 5 words": (dict(rng_state=np.arange(5, dtype=np.uint64)), None,
                        "rng_state must be the 6 words of a PCG64 state"),
     "rng negative": (dict(rng_state=np.array([-1, 0, 0, 1, 0, 0])), None,

@@ -17,7 +17,11 @@ runner = CliRunner()
 
 def test_parse_seeds_ranges_lists_and_errors():
     assert parse_seeds(["0-2", "5", "1,7"]) == [0, 1, 2, 5, 7]
-    assert parse_seeds(["-1"]) == [-1]
+    with pytest.raises(FedalignError, match=r"--seeds: seeds must be ≥ 0 .*got -1$"):
+        parse_seeds(["-1"])                 # numpy's generators take no negative seed
+    with pytest.raises(FedalignError, match="--seeds: the range '3-1' is empty"):
+        parse_seeds(["0", "3-1"])
+    assert parse_seeds(["2-2"]) == [2]
     with pytest.raises(FedalignError, match="--seeds: expected integers"):
         parse_seeds(["a"])
     with pytest.raises(FedalignError, match="--seeds: give at least one seed"):

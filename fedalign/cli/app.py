@@ -368,6 +368,22 @@ def guard_outputs(inputs=(), files=(), folders=(), allow=()) -> None:
     check_outputs(inputs, files, allow)
 
 
+def check_finite(kwargs: dict, flags: dict) -> None:
+    """No number option may be infinite or NaN (``--tol inf`` reached scikit-learn, ``--lr
+    inf`` wrote a state whose next round was refused): a float option's value, or any of a
+    list option's, must be finite. No option of fedalign gives infinity a meaning. A
+    ``--seed`` must be ≥ 0 (numpy's generators raise on a negative one)."""
+    import math
+
+    for name, value in kwargs.items():
+        flag = flags.get(name, "--" + name.replace("_", "-"))
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise FedalignError(f"{flag} must be a finite number, got {v}")
+        if name == "seed" and isinstance(value, int) and value < 0:  # numpy takes no negative seed
+            raise FedalignError(f"{flag} must be ≥ 0, got {value}")
+
+
 def require(flag: str, value, minimum=None, *, above=None):
     """Option check in the CLI's words: ``flag`` must be ≥ ``minimum`` (or > ``above``).
 
@@ -443,6 +459,7 @@ def command(*args, typer_app=None, outputs=(), folders=(), words=None, **kwargs)
 
             with interrupt.handlers():
                 try:
+                    check_finite(kw, flags)
                     with atomic_outputs():
                         skip = set(outputs) | set(folders)
                         guard_outputs([p for k, v in kw.items() if k not in skip for p in _paths(v)],

@@ -137,6 +137,7 @@ def evaluate_cmd(
                                    privacy_lines)
     from fedalign.protocol import load_client_maps
     from fedalign.files import write_report
+    from fedalign.files import check_distinct
     from fedalign.heads import get_method
 
     params = parse_params(param)
@@ -147,6 +148,8 @@ def evaluate_cmd(
     params = check_params(params, method)
     if internal and not train:
         raise FedalignError(f"methods {', '.join(internal)} need client --train files")
+    check_distinct(train or [], "--train file")
+    check_distinct(test or [], "--test file")
     client_maps = load_client_maps(maps) if maps else None
     clients, tests, class_names = load_inputs(train, test, client_maps)
     t0 = time.perf_counter()

@@ -131,13 +131,10 @@ def _owner_of(path: Path, provenance: dict) -> tuple:
 
 
 def _stats_meta(path: Path) -> dict:
-    """The metadata of a (validated) stats file, read without loading its arrays again."""
-    import json
+    """The metadata of a stats file, read and validated (a broken file is one error)."""
+    from fedalign.files import read_npz
 
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as z:
-        return json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
+    return read_npz(path, "stats")[1]
 
 
 def _domain_map(stats, ref, load_stats, domain_map):
@@ -174,11 +171,12 @@ def barycenter_cmd(
     (iterations, relative change, residual ‖Σ w_k A_k⁻¹ − I‖) is stored and printed.
     """
     from fedalign.align import make_reference, save_reference
-    from fedalign.files import sha256_file
+    from fedalign.files import check_distinct, sha256_file
     from fedalign.stats import load_stats
 
     bk = _compute(backend, device)
     t0 = time.perf_counter()
+    check_distinct(stats, "stats file")
     sts = [load_stats(p) for p in stats]
     with progress_bar(None, f"barycenter K={len(sts)} d={sts[0].d}", unit="iterations") as bar:
         ref = make_reference(sts, weights, tol=tol, max_iter=max_iter, backend=bk,

@@ -10,6 +10,7 @@ Rooms (each imports only the ones above it, plus :mod:`fedalign.errors`, :mod:`f
 - :mod:`~fedalign.dadil.gradients`   a domain's loss and its closed-form gradients (plans frozen)
 - :mod:`~fedalign.dadil.optim`       presets, the preconditioned step, Adam, the α rules
 - :mod:`~fedalign.dadil.dictionary`  local steps, α alone, centralized GMM-DaDiL
+- :mod:`~fedalign.dadil.rng`         a client's seeded generators and their serialisation
 - :mod:`~fedalign.dadil.state`       a client's private state, published atoms, their files
 - :mod:`~fedalign.dadil.gossip`      one gossip round (Algorithm 1), in memory and from files
 - :mod:`~fedalign.dadil.simulation`  many clients × rounds in one process, the same files

@@ -29,7 +29,6 @@ ICASSP 2025 (DeFed-GMM-DaDiL).
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +37,8 @@ import numpy as np
 from fedalign.dadil.atoms import Atoms, data_moments, init_atoms
 from fedalign.dadil.barycenter import atoms_barycenter, check_simplex
 from fedalign.dadil.optim import PRESETS, Optim
+from fedalign.dadil.rng import (check_rng_words, client_init_seed, client_rng,  # noqa: F401
+                                rng_from_array, rng_to_array)
 from fedalign.errors import FedalignError
 from fedalign.files import read_npz, write_npz
 from fedalign.gmm import floor_from_variance
@@ -46,7 +47,7 @@ _CLIENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
 # --------------------------------------------------------------------------------------------
-# Client ids and their generators
+# Client ids (their generators: fedalign.dadil.rng)
 # --------------------------------------------------------------------------------------------
 
 
@@ -55,54 +56,6 @@ def check_client_id(client: str) -> str:
     if not isinstance(client, str) or not _CLIENT_RE.match(client):
         raise FedalignError(f"invalid client id {client!r} (letters, digits, '_', '.', '-')")
     return client
-
-
-def client_rng(seed: int, client: str) -> np.random.Generator:
-    """The client's own generator: PCG64 on ``SeedSequence(seed, spawn_key=(crc32(client),))``."""
-    ss = np.random.SeedSequence(int(seed), spawn_key=(zlib.crc32(client.encode()),))
-    return np.random.Generator(np.random.PCG64(ss))
-
-
-def rng_to_array(rng: np.random.Generator) -> np.ndarray:
-    """PCG64 state as 6 uint64 words: state (hi, lo), inc (hi, lo), has_uint32, uinteger."""
-    s = rng.bit_generator.state
-    if s["bit_generator"] != "PCG64":
-        raise ValueError("only PCG64 generators are serialisable")
-    m = (1 << 64) - 1
-    st, inc = s["state"]["state"], s["state"]["inc"]
-    return np.array([st >> 64, st & m, inc >> 64, inc & m, s["has_uint32"], s["uinteger"]],
-                    dtype=np.uint64)
-
-
-def check_rng_words(words, path) -> None:
-    """Refuse ``rng_state`` words that :func:`rng_to_array` cannot have written: not 6
-    unsigned 64-bit words, an even increment (numpy's PCG64 always has an odd one; an all-zero
-    state made the peer draws loop forever), ``has_uint32`` not 0/1, or a cached 32-bit
-    ``uinteger`` of more than 32 bits."""
-    w = np.asarray(words)
-    if w.shape != (6,) or w.dtype.kind not in "ui" or (w.dtype.kind == "i" and w.min() < 0):
-        raise FedalignError(f"{path}: rng_state must be the 6 words of a PCG64 state")
-    w = [int(x) for x in w]
-    if w[3] % 2 == 0:
-        raise FedalignError(f"{path}: rng_state is not a PCG64 state (even increment)")
-    if w[4] not in (0, 1) or w[5] >= 1 << 32:
-        raise FedalignError(f"{path}: rng_state is not a PCG64 state (bad cached 32-bit word)")
-
-
-def rng_from_array(a) -> np.random.Generator:
-    """Inverse of :func:`rng_to_array`."""
-    a = [int(x) for x in np.asarray(a, dtype=np.uint64)]
-    bg = np.random.PCG64()
-    bg.state = {"bit_generator": "PCG64", "state": {"state": (a[0] << 64) | a[1],
-                                                     "inc": (a[2] << 64) | a[3]},
-                "has_uint32": a[4], "uinteger": a[5]}
-    return np.random.Generator(bg)
-
-def client_init_seed(seed: int, client: str) -> np.random.SeedSequence:
-    """The client's own initialisation seed: ``SeedSequence(seed, spawn_key=(crc32(client), 1))``
-    (a stream distinct from its peer-choice generator :func:`client_rng`)."""
-    return np.random.SeedSequence(int(seed), spawn_key=(zlib.crc32(client.encode()), 1))
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,9 +200,7 @@ def load_state(path) -> ClientState:
     floor = a["var_floor"].astype(np.float64)
     if floor.shape != a["means"].shape[2:] or np.any(floor <= 0):
         raise FedalignError(f"{path}: var_floor must be {a['means'].shape[2]} values > 0")
-    history = meta.get("history", [])
-    if not isinstance(history, list):
-        raise FedalignError(f"{path}: state history must be a list")
+    history = meta.get("history") or []  # a list (read_npz checks the metadata's types)
     check_rng_words(a["rng_state"], path)
     missing = [k for k in _RECEIVED if k not in a]
     if 0 < len(missing) < len(_RECEIVED):
@@ -265,7 +216,33 @@ def load_state(path) -> ClientState:
                        a["label_logits"].astype(np.float64), alpha, int(a["round"]),
                        rng_from_array(a["rng_state"]), floor, history,
                        str(meta.get("gmm_path", "")), str(meta.get("gmm_sha256", "")),
-                       dict(meta.get("settings", {})), received, alpha_r)
+                       dict(meta.get("settings") or {}), received, alpha_r)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_settings(settings: dict, where: str) -> None:
+    """The settings a round reads (:func:`optim_for`, ``target_atoms``) are present and of
+    their types: ``optimizer``, ``alpha_rule`` strings; ``lr``, ``lr_alpha`` numbers;
+    ``lr_decay`` a finite number ≥ 0 (absent: 0); ``target_atoms`` true/false (absent: true).
+    A hand-edited state without them raised KeyError/ValueError in its next round; they are
+    checked there (a state read only to evaluate its target needs none)."""
+    for key, ok, what in (("optimizer", lambda v: isinstance(v, str), "a string"),
+                          ("alpha_rule", lambda v: isinstance(v, str), "a string"),
+                          ("lr", _is_number, "a number"), ("lr_alpha", _is_number, "a number")):
+        if key not in settings:
+            raise FedalignError(f"{where}: settings lack '{key}'")
+        if not ok(settings[key]):
+            raise FedalignError(f"{where}: setting '{key}' must be {what}, got "
+                                f"{settings[key]!r}")
+    decay = settings.get("lr_decay", 0.0)
+    if not (_is_number(decay) and np.isfinite(decay) and decay >= 0):
+        raise FedalignError(f"{where}: setting 'lr_decay' must be a number ≥ 0, got {decay!r}")
+    if not isinstance(settings.get("target_atoms", True), bool):
+        raise FedalignError(f"{where}: setting 'target_atoms' must be true or false, got "
+                            f"{settings['target_atoms']!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,8 +329,13 @@ def optim_for(st: "ClientState"):
     decentralized SGD needs a diminishing step for exact consensus (Lian et al., NeurIPS 2017).
     States written before the setting existed read as lr_decay 0 (constant)."""
     s = st.settings
+    where = f"client {st.client}'s state"
+    check_settings(s, where)
     lr = float(s["lr"]) / (1.0 + float(s.get("lr_decay", 0.0)) * int(st.round))
-    return Optim(s["optimizer"], lr, s["alpha_rule"], float(s["lr_alpha"]), st.var_floor)
+    try:
+        return Optim(s["optimizer"], lr, s["alpha_rule"], float(s["lr_alpha"]), st.var_floor)
+    except FedalignError as e:
+        raise FedalignError(f"{where}: {e}") from None
 
 
 def init_client(client: str, gmm, *, n_atoms: int = 3, seed: int = 0,
