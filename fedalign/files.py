@@ -758,6 +758,10 @@ def _get_schema(kind: str) -> Schema:
         raise ValueError(f"unknown file kind {kind!r}") from None
 
 
+#: Largest magnitude an ``.npz`` array may hold: moments, distances and costs square it.
+MAX_MAGNITUDE = 1e150
+
+
 def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
     """Check presence, dtype kind, symbolic shapes and finiteness; return the symbol sizes."""
     sizes: dict[str, int] = {}
@@ -784,6 +788,10 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
                 )
         if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
             raise FedalignError(f"{source}: array '{name}' contains NaN or Inf")
+        if a.dtype.kind in "fiu" and a.size and np.abs(a).max() > MAX_MAGNITUDE:
+            raise FedalignError(f"{source}: array '{name}' holds a value of magnitude "
+                                f"{float(np.abs(a).max()):.3g}, beyond {MAX_MAGNITUDE:.0e}: its "
+                                "square overflows float64")
     for name in schema.spd:
         if name in arrays:
             check_spd(arrays[name], f"{source}: '{name}'")

@@ -103,6 +103,14 @@ def check_gmm(g: GMM) -> None:
         raise FedalignError(f"GMM weights must be ≥ 0 and sum to 1 (sum {w.sum():.6g})")
     if np.any(v <= 0):
         raise FedalignError("GMM variances must be > 0")
+    if g.labels is not None and g.labels.size and (
+            g.labels.min() < -LABEL_ATOL or not np.allclose(g.labels.sum(1), 1.0, rtol=0,
+                                                           atol=LABEL_ATOL * g.labels.shape[1])):
+        raise FedalignError("GMM labels must be rows of class probabilities (≥ 0, summing to 1)")
+
+
+#: Slack of the label rows' check (soft labels are renormalised in float64).
+LABEL_ATOL = 1e-6
 
 
 # --------------------------------------------------------------------------------------------

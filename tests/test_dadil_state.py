@@ -170,6 +170,15 @@ def test_atoms_file_with_a_variance_not_positive_is_refused(tmp_path, bad):
         load_atoms(tmp_path / "a.npz")
 
 
+def test_atoms_file_of_a_negative_round_is_refused(tmp_path):
+    st = a_state()
+    write_npz(tmp_path / "a.npz", "atoms", dict(means=st.means, variances=st.variances,
+                                                label_logits=st.label_logits, round=np.int64(-7)),
+              {"producer": "c0"})
+    with pytest.raises(FedalignError, match="atoms round must be ≥ 0, got -7"):
+        load_atoms(tmp_path / "a.npz")
+
+
 # ------------------------------------------------------------------------------- state files
 def test_state_round_trip_keeps_every_field_and_the_generator_continues(tmp_path):
     rec = received_arrays()
@@ -227,6 +236,7 @@ BAD_STATES = {
     "variance 0": (dict(variances=np.where(np.arange(D) == 2, 0.0, np.ones((A, K, D)))), None,
                    "state variances must be > 0"),
     "variance < 0": (dict(variances=-np.ones((A, K, D))), None, "state variances must be > 0"),
+    "round < 0": (dict(round=np.int64(-1)), None, "state round must be ≥ 0, got -1"),
     "floor 0": (dict(var_floor=_floor([0.1, 0.0, 0.1, 0.1])), None,
                 "var_floor must be 4 values > 0"),
     "floor < 0": (dict(var_floor=_floor([0.1, 0.1, 0.1, -1.0])), None,

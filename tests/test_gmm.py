@@ -141,6 +141,33 @@ def test_save_load_roundtrip_and_bad_files(tmp_path):
         load_gmm(bad)
 
 
+@pytest.mark.parametrize("labels", [
+    [[1.2, -0.2], [0.5, 0.5]],            # a negative "probability"
+    [[1.0, 1.0], [0.5, 0.5]],             # a row summing to 2
+    [[1e300, 0.0], [0.5, 0.5]],
+], ids=["negative", "sum-2", "huge"])
+def test_gmm_labels_must_be_class_probability_rows(labels):
+    with pytest.raises(FedalignError, match=r"GMM labels must be rows of class probabilities"):
+        GMM([0.5, 0.5], np.zeros((2, 3)), np.ones((2, 3)), np.array(labels))
+    soft = GMM([0.5, 0.5], np.zeros((2, 3)), np.ones((2, 3)),
+               np.array([[0.3, 0.7], [1.0 + 1e-7, -1e-7]]))   # round-off of a renormalisation
+    assert soft.n_classes == 2
+
+
+def test_npz_values_whose_square_overflows_are_refused(tmp_path):
+    """1e300 means made the DaDiL start print overflow warnings, then blame its output."""
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, __kind__=np.array("gmm"), __format_version__=np.array(1),
+             __meta__=np.array("{}"), weights=np.ones(2) / 2,
+             means=np.array([[0.0, 1e300], [0.0, 0.0]]), variances=np.ones((2, 2)))
+    with pytest.raises(FedalignError, match=r"array 'means' holds a value of magnitude 1e\+300, "
+                                            r"beyond 1e\+150"):
+        load_gmm(bad)
+    write_npz(tmp_path / "ok.npz", "gmm", dict(weights=np.ones(2) / 2, variances=np.ones((2, 2)),
+                                              means=np.array([[0.0, 1e150], [0.0, 0.0]])))
+    assert load_gmm(tmp_path / "ok.npz").means.max() == 1e150
+
+
 def test_cli_fit_gmm_labeled_unlabeled_and_errors(feature_file, tmp_path):
     path, X, y = feature_file("c.h5", n=240, d=6, n_classes=3)
     out = tmp_path / "c.gmm.npz"

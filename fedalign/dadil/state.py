@@ -158,6 +158,8 @@ def load_atoms(path) -> PublishedAtoms:
         raise FedalignError(f"{path}: atoms file without a valid producer id")
     if np.any(a["variances"] <= 0):
         raise FedalignError(f"{path}: atoms variances must be > 0")
+    if int(a["round"]) < 0:
+        raise FedalignError(f"{path}: atoms round must be ≥ 0, got {int(a['round'])}")
     return PublishedAtoms(a["means"].astype(np.float64), a["variances"].astype(np.float64),
                           a["label_logits"].astype(np.float64), int(a["round"]), producer)
 
@@ -197,6 +199,8 @@ def load_state(path) -> ClientState:
                             f"{a['means'].shape[0]} atoms")
     if np.any(a["variances"] <= 0):
         raise FedalignError(f"{path}: state variances must be > 0")
+    if int(a["round"]) < 0:
+        raise FedalignError(f"{path}: state round must be ≥ 0, got {int(a['round'])}")
     floor = a["var_floor"].astype(np.float64)
     if floor.shape != a["means"].shape[2:] or np.any(floor <= 0):
         raise FedalignError(f"{path}: var_floor must be {a['means'].shape[2]} values > 0")
