@@ -576,6 +576,39 @@ def make_output_folder(path) -> Path:
     return path
 
 
+def staging_folder(target) -> Path:
+    """A new, empty folder next to ``target`` named like its temporaries
+    (``.NAME.fedalign-tmp-<pid>-…``): work that reads its own intermediate files (a simulated
+    federation reads every round's atoms) is written there, then moved in with
+    :func:`move_in`. A run killed with SIGKILL leaves it for the next run to remove
+    (:func:`remove_stale`), and it is never inside ``target``."""
+    target = Path(target).resolve()
+    remove_stale(target)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-",
+                                     dir=target.parent))
+    except OSError as e:
+        raise FedalignError(f"cannot write next to {target}: {e.strerror or e}") from None
+
+
+def move_in(stage, output, first=None) -> list:
+    """Every file under ``stage`` becomes an output at the same place under ``output``, all in
+    one transaction (joining the open one, e.g. a command's); ``first(relative path)`` true
+    for files renamed before the others. Returns the output paths."""
+    import shutil
+
+    stage, output = Path(stage), Path(output)
+    rel = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
+    if first is not None:
+        rel.sort(key=lambda r: not first(r))
+    with atomic_outputs():
+        for r in rel:
+            make_output_folder((output / r).parent)
+            with atomic_output(output / r) as tmp:
+                shutil.move(stage / r, tmp)
+    return [output / r for r in rel]
+
+
 def after_commit(fn) -> None:
     """Run ``fn`` once the open transaction has committed (at once when none is open)."""
     if _TX:

@@ -5,16 +5,15 @@ byte-identical to ``dadil-round --init`` followed by R ``dadil-round`` calls per
 in one process instead of N × (R + 1), each of which spends most of its time importing numpy,
 SciPy and POT. This module names the clients, checks the options (those of
 ``dadil-round --init``, declared and checked in :mod:`fedalign.cli.dadil_cmds`), and writes
-the federation folder as one transaction: the run is simulated into a staging folder next to
-the output (named like the output's temporaries, so the next run removes one a killed run
-left), and its files are then renamed into the output together, or not at all.
+the federation folder as one transaction (the library stages the run next to the output and
+moves its files in together, or not at all) and removes an earlier federation's files that
+the run did not write (``--force``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -69,35 +68,6 @@ def federation_files(folder: Path) -> Optional[list]:
     return files + sorted(f for r in rounds for f in r.glob("*.atoms.npz"))
 
 
-def _staging(output: Path) -> Path:
-    """A new, empty folder next to ``output`` named like its temporaries
-    (``.NAME.fedalign-tmp-<pid>-…``): a run killed with SIGKILL leaves it for the next run to
-    remove, and it is never inside the federation folder, whose atoms ``consensus`` globs."""
-    import os
-    import tempfile
-
-    from fedalign.files import TMP_MARK, remove_stale
-
-    target = output.resolve()
-    remove_stale(target)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-",
-                                 dir=target.parent))
-
-
-def _move_in(stage: Path, output: Path) -> list:
-    """Every file under ``stage`` becomes an output of the command's transaction at the same
-    place under ``output`` (states first, as ``dadil-round`` renames them); returns them."""
-    from fedalign.files import atomic_output, make_output_folder
-
-    rel = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
-    rel.sort(key=lambda r: r.parts[0] != "state")
-    for r in rel:
-        make_output_folder((output / r).parent)
-        with atomic_output(output / r) as tmp:
-            shutil.move(stage / r, tmp)
-    return [output / r for r in rel]
-
-
 def _prune(output: Path, stale: list) -> None:
     """Remove an earlier federation's files this run did not write, and round folders left
     empty (after the commit; a file that cannot be removed stays)."""
@@ -149,7 +119,7 @@ def dadil_simulate_cmd(
     from fedalign.dadil.gossip import STRATEGIES, describe_round
     from fedalign.dadil.simulation import federation_paths, simulate
     from fedalign.errors import FedalignError
-    from fedalign.files import after_commit, atomic_outputs, check_outputs, make_output_folder
+    from fedalign.files import after_commit, check_outputs, make_output_folder
     from fedalign.threads import limit_threads
 
     clients = parse_clients(gmms)
@@ -169,20 +139,15 @@ def dadil_simulate_cmd(
     limit_threads(threads)
     t0 = time.perf_counter()
     make_output_folder(output)
-    stage = _staging(output)
-    try:
-        with progress_bar(len(clients) * rounds, "dadil-simulate", unit="client-rounds") as bar:
-            with atomic_outputs(join=False):  # the whole run lands in the staging folder
-                states = simulate(
-                    clients, stage, rounds, strategy, local_steps, progress=bar,
-                    keep_history=True, in_memory=True, n_atoms=n_atoms, seed=seed,
-                    n_components=n_components, n_classes=n_classes, preset=preset,
-                    shared_init=shared_init, optimizer=optimizer, lr=lr, alpha_rule=alpha_rule,
-                    lr_alpha=lr_alpha, var_floor_rel=var_floor_rel, min_var=min_var,
-                    lr_decay=lr_decay)
-        written = _move_in(stage, output)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    with progress_bar(len(clients) * rounds, "dadil-simulate", unit="client-rounds") as bar:
+        states = simulate(  # staged, then moved into the command's transaction
+            clients, output, rounds, strategy, local_steps, progress=bar,
+            keep_history=True, in_memory=True, n_atoms=n_atoms, seed=seed,
+            n_components=n_components, n_classes=n_classes, preset=preset,
+            shared_init=shared_init, optimizer=optimizer, lr=lr, alpha_rule=alpha_rule,
+            lr_alpha=lr_alpha, var_floor_rel=var_floor_rel, min_var=min_var, lr_decay=lr_decay)
+    written = [federation_paths(output, c, 0)[0] for c in clients] + \
+        [federation_paths(output, c, t)[1] for t in range(rounds + 1) for c in clients]
     stale = [p for p in old or [] if p not in set(written)]
     if stale:
         after_commit(lambda: _prune(output, stale))

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from fedalign.dadil.gossip import dedupe, gossip_round, init_files, publish, round_files
 from fedalign.dadil.state import save_atoms
-from fedalign.files import sha256_file
+from fedalign.files import (atomic_outputs, make_output_folder, move_in, sha256_file,
+                            staging_folder)
 from fedalign.gmm import load_gmm
 
 
@@ -55,8 +56,29 @@ def simulate(gmm_paths: dict, out_dir, rounds: int, strategy: str = "aggregation
     Returns
     -------
     {client: ClientState} after the last round (``.history`` lists the per-round records).
+
+    All files appear in ``out_dir`` together when the run has finished, or none (an error, a
+    signal): the run writes into a staging folder next to ``out_dir``
+    (:func:`fedalign.files.staging_folder`), whose files are then moved in as one transaction
+    (joining an enclosing one, e.g. the ``dadil-simulate`` command's), states first.
     """
     out_dir = Path(out_dir)
+    with atomic_outputs():  # joins the caller's transaction, if one is open
+        make_output_folder(out_dir)  # (and its missing parents: removed again on failure)
+        stage = staging_folder(out_dir)
+        try:
+            with atomic_outputs(join=False):  # the rounds' own commits land in the stage
+                states = _simulate(gmm_paths, stage, rounds, strategy, local_steps, progress,
+                                   callback, keep_history, in_memory, init_options)
+            move_in(stage, out_dir, first=lambda rel: rel.parts[0] == "state")
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return states
+
+
+def _simulate(gmm_paths, out_dir: Path, rounds, strategy, local_steps, progress, callback,
+              keep_history, in_memory, init_options) -> dict:
+    """The rounds of :func:`simulate`, written into ``out_dir`` (its staging folder)."""
     (out_dir / "state").mkdir(parents=True, exist_ok=True)
     gmms = {c: load_gmm(p) for c, p in gmm_paths.items()}
     shas = {c: sha256_file(p) for c, p in gmm_paths.items()}
