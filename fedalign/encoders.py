@@ -261,6 +261,18 @@ def state_sha256(state_dict: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: Largest square input (one 4096² RGB float32 image is 192 MiB; a batch of 64, 12 GiB).
+MAX_IMAGE_SIZE = 4096
+
+
+def check_image_size(image_size) -> None:
+    """0 (the model's default) or 8 … :data:`MAX_IMAGE_SIZE` pixels: checked before the model
+    loads (``--image-size 100000`` ran a 24 GB machine out of memory)."""
+    if image_size and not 8 <= int(image_size) <= MAX_IMAGE_SIZE:
+        raise FedalignError(f"image_size must be between 8 and {MAX_IMAGE_SIZE} pixels (or 0: "
+                            f"the model's default), got {image_size}")
+
+
 def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed: int = 0,
                    image_size: int = 0) -> Encoder:
     """Create a frozen timm encoder with pooled pre-logits output.
@@ -332,8 +344,7 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
     cfg = resolve_data_config({}, model=model)
     cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
     if image_size:
-        if image_size < 8:
-            raise FedalignError(f"image_size must be at least 8, got {image_size}")
+        check_image_size(image_size)
         cfg["input_size"] = [3, int(image_size), int(image_size)]
     return Encoder(model=model, name=model_name, num_features=int(model.num_features),
                    data_config=cfg, info=info)

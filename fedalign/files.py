@@ -205,6 +205,11 @@ _schema(
               gmm_sha256="str", published="object", producer="str"),
 )
 
+#: Most classes a features file may name: a label beyond it is a mistake (an id, a code, a
+#: wrapped integer), not a class index (ImageNet-21k has 21,841 classes); its names list
+#: alone would take minutes and gigabytes.
+MAX_CLASSES = 100_000
+
 FEATURES_KIND = "features"
 FEATURES_VERSION = 1
 REPORT_KIND = "report"

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.files import MAX_CLASSES
 
 FORMATS = ("npz", "npy", "mat", "csv", "h5")
 SUFFIXES = {".npz": "npz", ".npy": "npy", ".mat": "mat", ".csv": "csv", ".tsv": "csv",
@@ -264,11 +266,19 @@ def _read_mat73(path, fk, lk, ik, nk) -> Source:
                 raise FedalignError(f"{path}: MATLAB variable {key!r} is a struct or cell array, "
                                     "expected a numeric matrix")
         # MATLAB stores column-major: an (n, d) matrix reads as (d, n)
-        X = np.asarray(h[f]).T
-        labels = None if lab is None else np.asarray(h[lab]).T
-        ids = None if i is None else list(np.asarray(h[i]).T.ravel())
+        X = _dataset(h, f, path).T
+        labels = None if lab is None else _dataset(h, lab, path).T
+        ids = None if i is None else list(_dataset(h, i, path).T.ravel())
     return Source(X, labels, ids, None, dict(features=f, labels=lab, ids=i),
                   detail="MATLAB v7.3")
+
+
+def _dataset(h, name: str, path) -> np.ndarray:
+    """An HDF5 dataset's values; an empty one (no shape: ``h5py.Empty``) is refused."""
+    ds = h[name]
+    if ds.shape is None:
+        raise FedalignError(f"{path}: dataset {name!r} is empty (it has no shape)")
+    return np.asarray(ds)
 
 
 def _read_h5(path, fk, lk, ik, nk) -> Source:
@@ -286,14 +296,14 @@ def _read_h5(path, fk, lk, ik, nk) -> Source:
         i = _pick(names, ik, ID_KEYS, "ids dataset", path, "ids_key", required=False)
         n = _pick(names, nk, CLASS_NAME_KEYS, "class-names dataset", path, "class_names_key",
                   required=False)
-        X = np.asarray(h[f])
-        labels = None if lab is None else np.asarray(h[lab])
+        X = _dataset(h, f, path)
+        labels = None if lab is None else _dataset(h, lab, path)
         if labels is not None and labels.dtype.kind in "SO":
             labels = np.array(_strings(labels, f"{path}: {lab!r}"))
-        ids = None if i is None else list(np.asarray(h[i]).ravel())
+        ids = None if i is None else list(_dataset(h, i, path).ravel())
         class_names = None
         if n is not None:
-            class_names = _strings(np.asarray(h[n]), f"{path}: {n!r}")
+            class_names = _strings(_dataset(h, n, path), f"{path}: {n!r}")
         else:
             for holder in (h[f], h):
                 v = holder.attrs.get("class_names")
@@ -321,7 +331,11 @@ def _class_names_value(v, where) -> list:
 
 def _sniff_delimiter(path, sample: str, delimiter) -> str:
     if delimiter:
-        return {"tab": "\t", "\\t": "\t", "space": " "}.get(delimiter, delimiter)
+        d = {"tab": "\t", "\\t": "\t", "space": " "}.get(delimiter, delimiter)
+        if len(d) != 1:
+            raise FedalignError(f"delimiter must be one character (or tab, space), got "
+                                f"{delimiter!r}")
+        return d
     if Path(path).suffix.lower() == ".tsv":
         return "\t"
     first = sample.splitlines()[0] if sample else ""
@@ -438,7 +452,11 @@ def read_class_names(value) -> list:
     else:
         p = Path(str(value))
         if p.is_file():
-            names = [s.strip() for s in p.read_text(encoding="utf-8-sig").splitlines() if s.strip()]
+            try:
+                text = p.read_text(encoding="utf-8-sig")
+            except (OSError, UnicodeDecodeError) as e:
+                raise FedalignError(f"class_names: cannot read {p} ({_first_line(e)})") from None
+            names = [s.strip() for s in text.splitlines() if s.strip()]
         elif "," in str(value) or not p.suffix:
             names = [s.strip() for s in str(value).split(",") if s.strip()]
         else:
@@ -458,9 +476,27 @@ def read_source(path, fmt: str | None = None, features_key=None, labels_key=None
     if not path.is_file():
         raise FedalignError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     fmt = detect_format(path, fmt)
-    if fmt == "csv":
-        return _read_csv(path, features_key, labels_key, ids_key, class_names_key, delimiter)
-    return _READERS[fmt](path, features_key, labels_key, ids_key, class_names_key)
+    try:
+        if fmt == "csv":
+            return _read_csv(path, features_key, labels_key, ids_key, class_names_key, delimiter)
+        return _READERS[fmt](path, features_key, labels_key, ids_key, class_names_key)
+    except _UNREADABLE as e:  # damaged files: what the format libraries raise on them
+        raise FedalignError(f"{path}: not a readable {fmt} file ({_first_line(e)})") from None
+
+
+def _unreadable() -> tuple:
+    """Exceptions the readers' libraries raise on a damaged or unusual file: a truncated or
+    corrupt zip/deflate stream (npz, compressed .mat), text that is not UTF-8, an over-long
+    CSV field, integers beyond int64."""
+    import csv
+    import zipfile
+    import zlib
+
+    return (zipfile.BadZipFile, zlib.error, UnicodeDecodeError, csv.Error, OverflowError,
+            EOFError)
+
+
+_UNREADABLE = _unreadable()
 
 
 # --------------------------------------------------------------------------------------------
@@ -555,17 +591,29 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
             names = [_value_name(v) for v in uniq]
         out = np.searchsorted(uniq, y).astype(np.int64)
         return out, names, dict(rule="sorted", values=[_value_name(v) for v in uniq]), notes
-    out = np.round(y).astype(np.int64) - int(label_base)
+    if abs(int(label_base)) > MAX_CLASSES:
+        raise FedalignError(f"label_base must be between −{MAX_CLASSES:,} and {MAX_CLASSES:,}, "
+                            f"got {int(label_base)}")
+    # the range is checked before the int64 cast (2⁶⁴−1 wrapped to −1, 1e300 to garbage)
+    top = int(np.max(y)) if y.dtype.kind in "iu" else float(np.max(y))
+    k, base = int(np.argmax(y)), int(label_base)
+    if names is not None and top - base + 1 > len(names):
+        C = len(names)
+        raise FedalignError(f"{where}: label {_value_name(y[k])} is out of range for the {C} "
+                            f"class names (labels {base}…{C - 1 + base})")
+    if top - base + 1 > MAX_CLASSES:
+        raise FedalignError(f"{where}: label {_value_name(y[k])} (row {k}) is out of range: "
+                            f"labels are class indices from label_base {base}, "
+                            f"{MAX_CLASSES:,} classes at most; use label_values sorted to "
+                            "number arbitrary values")
+    out = np.round(y).astype(np.int64) - base
     if out.min() < -1:
         k = int(np.argmin(out))
         raise FedalignError(f"{where}: label {_value_name(y[k])} (row {k}) is below "
                             f"{int(label_base) - 1}: labels are class indices from "
                             f"label_base {int(label_base)} (−1 after the shift = unlabeled); use "
                             "label_values sorted to number arbitrary values")
-    C = len(names) if names is not None else int(out.max()) + 1
-    if out.max() >= C:
-        raise FedalignError(f"{where}: label {int(out.max()) + int(label_base)} is out of range for "
-                            f"the {C} class names (labels {int(label_base)}…{C - 1 + int(label_base)})")
+    C = len(names) if names is not None else int(out.max()) + 1   # (the range: checked above)
     labeled = out[out >= 0]
     if labeled.size and not (labeled == 0).any() and int(label_base) == 0 and labeled.min() == 1:
         notes.append(f"no row has label 0 (labels {int(labeled.min())}…{int(labeled.max())}): if "
@@ -578,7 +626,7 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
 
 def _value_name(v) -> str:
     v = v.item() if hasattr(v, "item") else v
-    if isinstance(v, float) and v == round(v):
+    if isinstance(v, float) and v == round(v) and abs(v) < 1e15:
         return str(int(v))
     return str(v)
 
@@ -606,9 +654,10 @@ def import_features(source, output, fmt: str | None = None, *, features_key=None
     -------
     ImportResult
     """
-    from fedalign.files import sha256_file, write_features
+    from fedalign.files import check_outputs, sha256_file, write_features
 
     source = Path(source)
+    check_outputs(input_files(source, fmt, labels_file, class_names), [output])
     src = read_source(source, fmt, features_key, labels_key, ids_key, class_names_key, delimiter)
     fmt = detect_format(source, fmt)
     X = check_features(src.X, f"{source}: {src.keys.get('features') or 'features'}")
@@ -649,6 +698,18 @@ def import_features(source, output, fmt: str | None = None, *, features_key=None
         provenance["detail"] = src.detail
     write_features(output, X, y, ids, class_names=names, provenance=provenance)
     return ImportResult(Path(output), n, d, list(names), int((y >= 0).sum()), fmt, keys, notes)
+
+
+def input_files(source, fmt=None, labels_file=None, class_names=None) -> list:
+    """Every file an import reads: the source, the labels file (given, or a ``.npy``'s
+    sibling), a class-names file; the output may be none of them."""
+    source = Path(source)
+    files = [source, labels_file]
+    if labels_file is None and source.is_file() and detect_format(source, fmt) == "npy":
+        files.append(sibling_labels(source))
+    if isinstance(class_names, (str, os.PathLike)) and Path(class_names).is_file():
+        files.append(Path(class_names))
+    return files
 
 
 def _first_line(e: Exception) -> str:

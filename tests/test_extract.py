@@ -379,3 +379,38 @@ def test_out_dir_interrupted_in_second_input_resumes_to_same_files(tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["ink.h5", "neon.h5"]
     for name in ("ink.h5", "neon.h5"):
         assert (out / name).read_bytes() == (full / name).read_bytes()
+
+
+# ------------------------------------------------ what a fuzzer found: hangs, an overwritten image
+def test_list_labels_beyond_the_class_bound_are_refused(tmp_path):
+    """A label of 10⁹ made a list of 10⁹ class names (it hung); 10²⁰ raised OverflowError."""
+    for label in ("1000000000", "99999999999999999999"):
+        (tmp_path / "l.txt").write_text(f"a.png,0\nb.png,{label}\n")
+        with pytest.raises(FedalignError, match=f"label {label} is beyond the 100,000 classes"):
+            read_list_file(tmp_path / "l.txt")
+
+
+def test_batch_and_image_sizes_are_bounded_before_any_work(tree, tmp_path):
+    from fedalign.encoders import check_image_size
+
+    for size in (0, 8, 4096):
+        check_image_size(size)
+    for size in (7, 4097, 100_000):
+        with pytest.raises(FedalignError, match="image_size must be between 8 and 4096 pixels"):
+            check_image_size(size)
+    for bs in (65_537, 10**20, -1):
+        with pytest.raises(FedalignError, match="batch_size must be between 1 and 65,536"):
+            extract_features(list_images(tree), tmp_path / "o.h5", model="test_efficientnet",
+                             weights="random", batch_size=bs)
+    assert not (tmp_path / "o.h5").exists() and not partial_path(tmp_path / "o.h5").exists()
+
+
+def test_an_image_read_is_never_the_output(tree, tmp_path):
+    lst = list_images(tree)
+    target = lst.paths[1]
+    before = target.read_bytes()
+    (tmp_path / "link.png").symlink_to(target)
+    for out in (target, tmp_path / "link.png"):
+        with pytest.raises(FedalignError, match=r"is also an input image .*refusing to overwrite"):
+            extract_features(lst, out, model="test_efficientnet", weights="random")
+    assert target.read_bytes() == before

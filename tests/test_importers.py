@@ -347,3 +347,66 @@ def test_library_messages_name_parameters(tmp_path):
     assert "import again with label_base 1" in notes[0] and "--" not in notes[0]
     with pytest.raises(FedalignError, match="^class_names: no class names given"):
         import_features(tmp_path / "emb.npy", tmp_path / "e.h5", class_names=",", unlabeled=True)
+
+
+# --------------------------------------------------------------------------------------------
+# what a fuzzer found: hangs, overwritten inputs, tracebacks
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("labels, match", [
+    (np.array([0, 1, 10**9, 1, 0, 0]), "label 1000000000 (row 2) is out of range"),   # hung
+    (np.array([0, 1, 2**64 - 1, 1, 0, 0], dtype=np.uint64),            # wrapped to −1 silently
+     "label 18446744073709551615 (row 2) is out of range"),
+    (np.array([0.0, 1.0, 1e300, 1.0, 0.0, 0.0]), "label 1e+300 (row 2) is out of range"),
+], ids=["1e9", "uint64-max", "1e300"])
+def test_labels_beyond_the_class_bound_are_refused_at_once(tmp_path, labels, match):
+    X, _ = data(n=6)
+    np.savez(tmp_path / "a.npz", features=X, labels=labels)
+    line = bad(tmp_path, tmp_path / "a.npz", match=match)
+    assert "100,000 classes at most" in line
+    for base in ("9223372036854775808", "-1000000000"):
+        bad(tmp_path, tmp_path / "a.npz", "--label-base", base,
+            match="--label-base must be between −100,000 and 100,000")
+
+
+def test_inputs_the_output_check_did_not_see_are_never_overwritten(tmp_path):
+    """The .npy's sibling labels file and a --class-names file are inputs too."""
+    X, y = data(n=6)
+    np.save(tmp_path / "a_features.npy", X)
+    np.save(tmp_path / "a_labels.npy", y)
+    (tmp_path / "cn.txt").write_text("a\nb\nc\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for out, extra in ((tmp_path / "a_labels.npy", ()),
+                       (tmp_path / "cn.txt", ("--class-names", tmp_path / "cn.txt"))):
+        r = run(tmp_path / "a_features.npy", "-o", out, *extra)
+        assert r.exit_code == 2 and "is also an input" in r.output, r.output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_damaged_sources_are_one_error_naming_the_file(tmp_path):
+    X, y = data(n=6)
+    np.savez(tmp_path / "a.npz", features=X, labels=y)
+    raw = (tmp_path / "a.npz").read_bytes()
+    (tmp_path / "half.npz").write_bytes(raw[: len(raw) // 2])
+    bad(tmp_path, tmp_path / "half.npz", match="half.npz: not a readable npz file")
+    np.savez_compressed(tmp_path / "z.npz", features=X, labels=y)
+    b = bytearray((tmp_path / "z.npz").read_bytes())
+    b[60:120] = bytes(x ^ 0xFF for x in b[60:120])
+    (tmp_path / "z.npz").write_bytes(bytes(b))
+    bad(tmp_path, tmp_path / "z.npz", match="z.npz: not a readable npz file")
+    (tmp_path / "long.csv").write_text("f1,f2,label\n1,2," + "9" * 200_000 + "\n")
+    bad(tmp_path, tmp_path / "long.csv", match="long.csv: not a readable csv file")
+    (tmp_path / "ok.csv").write_text("f1\tf2\tlabel\n1\t2\t0\n3\t4\t1\n")
+    bad(tmp_path, tmp_path / "ok.csv", "--delimiter", "ab", match="delimiter must be one character")
+    ok(tmp_path / "ok.csv", "--delimiter", "tab", "-o", tmp_path / "ok.h5")
+    (tmp_path / "cn.txt").write_bytes("café\nb\n".encode("latin-1"))
+    np.save(tmp_path / "x_features.npy", X[:2])
+    np.save(tmp_path / "x_labels.npy", y[:2])
+    bad(tmp_path, tmp_path / "x_features.npy", "--class-names", tmp_path / "cn.txt",
+        match="cannot read")
+    for name in ("features", "labels"):
+        with h5py.File(tmp_path / f"e_{name}.h5", "w") as h:
+            h["features"] = X
+            h["labels"] = y
+            del h[name]
+            h.create_dataset(name, data=h5py.Empty("f8"))
+        bad(tmp_path, tmp_path / f"e_{name}.h5", match=f"dataset '{name}' is empty")

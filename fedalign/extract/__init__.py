@@ -116,7 +116,10 @@ def load_encoder(
 
     from fedalign.encoders import create_encoder
 
+    from fedalign.encoders import check_image_size
+
     log = log or (lambda msg: None)
+    check_image_size(image_size)
     dev = resolve_device(device)
     autocast_context(dev, precision)  # validates precision early
     if threads > 0:
@@ -145,6 +148,31 @@ def output_paths(sources, folder) -> list:
         seen[name] = src
         outs.append(folder / f"{name}.h5")
     return outs
+
+
+def _never_over_an_image(paths, outputs) -> None:
+    """Refuse an output that is one of the images read (``-o imgs/c0/i0.png``, any spelling:
+    the same file). An output that does not exist yet cannot be one, so only an existing
+    output is compared, by (st_dev, st_ino) with every image: one stat each."""
+    import os
+
+    for out in map(Path, outputs):
+        try:
+            st = os.stat(out)
+        except OSError:
+            continue
+        for p in paths:
+            try:
+                s = os.stat(p)
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+                raise FedalignError(f"output {out} is also an input image ({p}): refusing to "
+                                    "overwrite an input; give another output name")
+
+
+#: Largest batch: 65,536 images of 224² are 37 GiB of float32 input.
+MAX_BATCH = 65_536
 
 
 def extract_features(
@@ -213,10 +241,12 @@ def extract_features(
         raise FedalignError(f"output folder does not exist: {output.parent}")
     if len(images) == 0:
         raise FedalignError("no images to extract")
+    _never_over_an_image(images.paths, [output, partial_path(output)])
     dev = encoder.device if encoder is not None else resolve_device(device)
     bs = int(batch_size) or default_batch_size(dev)
-    if bs < 1:
-        raise FedalignError(f"batch_size must be positive, got {batch_size}")
+    if not 1 <= bs <= MAX_BATCH:
+        raise FedalignError(f"batch_size must be between 1 and {MAX_BATCH:,} (or 0: the "
+                            f"device's default), got {batch_size}")
     nw = default_workers(dev) if workers < 0 else int(workers)
     if encoder is None:
         encoder = load_encoder(model, weights, seed=seed, image_size=image_size, device=dev,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.files import MAX_CLASSES
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
@@ -165,9 +166,14 @@ def read_list_file(path, unlabeled: bool = False, root=None) -> ImageList:
     else:
         raw = [r[1] for r in rows]
         if all(_is_int(v) for v in raw):
-            labels = np.asarray([int(v) for v in raw], dtype=np.int64)
-            if labels.min() < 0:
-                raise FedalignError(f"{path}: negative label {labels.min()} (use unlabeled=True)")
+            values = [int(v) for v in raw]
+            if min(values) < 0:
+                raise FedalignError(f"{path}: negative label {min(values)} (use unlabeled=True)")
+            if max(values) >= MAX_CLASSES:
+                raise FedalignError(f"{path}: label {max(values)} is beyond the {MAX_CLASSES:,} "
+                                    "classes a features file may have: integer labels are "
+                                    "class indices 0…C−1")
+            labels = np.asarray(values, dtype=np.int64)
             classes = [str(c) for c in range(int(labels.max()) + 1)]
         else:
             classes = sorted(set(raw))

@@ -64,7 +64,7 @@ class PartialStore:
             h5 = h5py.File(self.path, "w")
             h5.attrs["partial_format"] = PARTIAL_FORMAT
             h5.attrs["fingerprint"] = self.fp
-            rows = max(1, batch_rows)
+            rows = max(1, min(batch_rows, 4096))  # HDF5 chunks (≤ 21 MB at d = 1280)
             h5.create_dataset("features", (0, d), maxshape=(None, d), dtype=np.float32, chunks=(rows, d))
             h5.create_dataset("index", (0,), maxshape=(None,), dtype=np.int64, chunks=(rows,))
             h5.create_dataset("sha256", (0,), maxshape=(None,), dtype="S64", chunks=(rows,))
