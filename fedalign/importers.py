@@ -687,6 +687,12 @@ def import_features(source, output, fmt: str | None = None, *, features_key=None
             raise FedalignError(f"{source}: {len(ids)} ids for {n} feature rows")
         ids = [i.decode("utf-8", errors="replace") if isinstance(i, (bytes, np.bytes_)) else
                str(i.item() if hasattr(i, "item") else i) for i in ids]
+        seen: dict = {}
+        for k, i in enumerate(ids):
+            if i in seen:
+                raise FedalignError(f"{source}: id {i!r} names rows {seen[i]} and {k}: ids must "
+                                    "be unique (or leave ids out: they are numbered)")
+            seen[i] = k
     else:
         width = len(str(n - 1))
         ids = [f"{source.stem}/{i:0{width}d}" for i in range(n)]

@@ -414,3 +414,9 @@ def test_an_image_read_is_never_the_output(tree, tmp_path):
         with pytest.raises(FedalignError, match=r"is also an input image .*refusing to overwrite"):
             extract_features(lst, out, model="test_efficientnet", weights="random")
     assert target.read_bytes() == before
+
+
+def test_a_list_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    (tmp_path / "l.txt").write_text("a.png,0\nb.png,1\n", encoding="utf-8-sig")
+    lst = read_list_file(tmp_path / "l.txt")
+    assert lst.ids == ["a.png", "b.png"] and list(lst.labels) == [0, 1]

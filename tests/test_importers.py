@@ -410,3 +410,9 @@ def test_damaged_sources_are_one_error_naming_the_file(tmp_path):
             del h[name]
             h.create_dataset(name, data=h5py.Empty("f8"))
         bad(tmp_path, tmp_path / f"e_{name}.h5", match=f"dataset '{name}' is empty")
+
+
+def test_ids_must_be_unique(tmp_path):
+    X, y = data(n=4)
+    np.savez(tmp_path / "a.npz", features=X, labels=y, ids=np.array(["p", "q", "p", "r"]))
+    bad(tmp_path, tmp_path / "a.npz", match="id 'p' names rows 0 and 2: ids must be unique")

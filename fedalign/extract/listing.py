@@ -184,7 +184,7 @@ def read_list_file(path, unlabeled: bool = False, root=None) -> ImageList:
 
 def _parse_list(path: Path) -> list:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # (a BOM, as spreadsheet tools write)
     except (OSError, UnicodeDecodeError) as e:
         raise FedalignError(f"cannot read list file {path} ({e})") from None
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
