@@ -14,6 +14,10 @@ import re
 from fedalign.errors import FedalignError
 
 
+#: Most seeds one range may give (each seed is a whole run of the methods).
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(values, flag: str = "--seeds") -> list:
     """``["0,1,2"]``, ``["0-4"]``, ``["0 3"]`` or ``["0", "1"]`` → sorted unique ints (commas or
     spaces separate, ``a-b`` is a range)."""
@@ -29,6 +33,9 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
                     if lo > hi:
                         raise FedalignError(f"{flag}: the range {tok!r} is empty (write it "
                                             f"low-high, e.g. {hi}-{lo})")
+                    if hi - lo >= MAX_SEEDS:
+                        raise FedalignError(f"{flag}: the range {tok!r} holds {hi - lo + 1:,} "
+                                            f"seeds, more than {MAX_SEEDS:,}")
                     seeds.extend(range(lo, hi + 1))
                 else:
                     seeds.append(int(tok))

@@ -22,6 +22,10 @@ def test_parse_seeds_ranges_lists_and_errors():
     with pytest.raises(FedalignError, match="--seeds: the range '3-1' is empty"):
         parse_seeds(["0", "3-1"])
     assert parse_seeds(["2-2"]) == [2]
+    with pytest.raises(FedalignError, match="--seeds: the range '0-100000000' holds 100,000,001 "
+                                            "seeds, more than 10,000"):
+        parse_seeds(["0-100000000"])                                # built a list of 10⁸ ints
+    assert len(parse_seeds(["0-9999"])) == 10_000
     with pytest.raises(FedalignError, match="--seeds: expected integers"):
         parse_seeds(["a"])
     with pytest.raises(FedalignError, match="--seeds: give at least one seed"):
