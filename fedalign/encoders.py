@@ -292,6 +292,7 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
     -------
     Encoder
     """
+    check_image_size(image_size)  # before the model loads
     import timm
     import torch
     from timm.data import resolve_data_config
@@ -344,7 +345,6 @@ def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed
     cfg = resolve_data_config({}, model=model)
     cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
     if image_size:
-        check_image_size(image_size)
         cfg["input_size"] = [3, int(image_size), int(image_size)]
     return Encoder(model=model, name=model_name, num_features=int(model.num_features),
                    data_config=cfg, info=info)

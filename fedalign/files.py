@@ -275,15 +275,10 @@ def check_outputs(inputs, outputs, allow=()) -> None:
     for i, p in enumerate(ins):
         for k in _keys(p):
             first_input.setdefault(k, (i, p))
-    seen: dict = {}  # key → earlier output
-    for o in outs:
-        keys = _keys(o)
-        earlier = [seen[k] for k in keys if k in seen]
-        if earlier:
-            raise FedalignError(f"{earlier[0]} and {o} are the same output file: give "
+    for o, keys, earlier in _repeats(outs):
+        if earlier is not None:
+            raise FedalignError(f"{earlier} and {o} are the same output file: give "
                                 "different names")
-        for k in keys:
-            seen[k] = o
         if allowed.intersection(keys):
             continue
         hits = [first_input[k] for k in keys if k in first_input]
@@ -297,17 +292,21 @@ def check_outputs(inputs, outputs, allow=()) -> None:
 def check_distinct(paths, what: str = "input") -> None:
     """Refuse one file given twice among ``paths`` (any spelling: symlinks, ``./``, hard
     links): e.g. one client's statistics counted as two clients of a barycenter."""
-    seen: dict = {}
-    for p in paths:
-        if p is None:
-            continue
-        keys = _keys(p)
-        earlier = next((seen[k] for k in keys if k in seen), None)
+    for p, _, earlier in _repeats(p for p in paths if p is not None):
         if earlier is not None:
             alias = "" if str(earlier) == str(p) else f" (as {earlier})"
             raise FedalignError(f"{what} {p} is given twice{alias}: each file counts once")
+
+
+def _repeats(paths):
+    """(path, its keys, the earlier path naming the same file or None) for each of ``paths``
+    in order: each path resolved once, looked up by its keys (:func:`_keys`)."""
+    seen: dict = {}  # key → the first path with it
+    for p in paths:
+        keys = _keys(p)
+        yield p, keys, next((seen[k] for k in keys if k in seen), None)
         for k in keys:
-            seen[k] = p
+            seen.setdefault(k, p)
 
 
 def _writable_folder(folder: Path, target: Path) -> None:

@@ -42,6 +42,8 @@ from __future__ import annotations
 import csv
 import io
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -484,19 +486,11 @@ def read_source(path, fmt: str | None = None, features_key=None, labels_key=None
         raise FedalignError(f"{path}: not a readable {fmt} file ({_first_line(e)})") from None
 
 
-def _unreadable() -> tuple:
-    """Exceptions the readers' libraries raise on a damaged or unusual file: a truncated or
-    corrupt zip/deflate stream (npz, compressed .mat), text that is not UTF-8, an over-long
-    CSV field, integers beyond int64."""
-    import csv
-    import zipfile
-    import zlib
-
-    return (zipfile.BadZipFile, zlib.error, UnicodeDecodeError, csv.Error, OverflowError,
-            EOFError)
-
-
-_UNREADABLE = _unreadable()
+#: What the readers' libraries raise on a damaged or unusual file: a truncated or corrupt
+#: zip/deflate stream (npz, compressed .mat), text that is not UTF-8, an over-long CSV field,
+#: integers beyond int64.
+_UNREADABLE = (zipfile.BadZipFile, zlib.error, UnicodeDecodeError, csv.Error, OverflowError,
+               EOFError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,12 +585,13 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
             names = [_value_name(v) for v in uniq]
         out = np.searchsorted(uniq, y).astype(np.int64)
         return out, names, dict(rule="sorted", values=[_value_name(v) for v in uniq]), notes
-    if abs(int(label_base)) > MAX_CLASSES:
+    base = int(label_base)
+    if abs(base) > MAX_CLASSES:
         raise FedalignError(f"label_base must be between −{MAX_CLASSES:,} and {MAX_CLASSES:,}, "
-                            f"got {int(label_base)}")
+                            f"got {base}")
     # the range is checked before the int64 cast (2⁶⁴−1 wrapped to −1, 1e300 to garbage)
     top = int(np.max(y)) if y.dtype.kind in "iu" else float(np.max(y))
-    k, base = int(np.argmax(y)), int(label_base)
+    k = int(np.argmax(y))
     if names is not None and top - base + 1 > len(names):
         C = len(names)
         raise FedalignError(f"{where}: label {_value_name(y[k])} is out of range for the {C} "
@@ -610,18 +605,18 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
     if out.min() < -1:
         k = int(np.argmin(out))
         raise FedalignError(f"{where}: label {_value_name(y[k])} (row {k}) is below "
-                            f"{int(label_base) - 1}: labels are class indices from "
-                            f"label_base {int(label_base)} (−1 after the shift = unlabeled); use "
+                            f"{base - 1}: labels are class indices from "
+                            f"label_base {base} (−1 after the shift = unlabeled); use "
                             "label_values sorted to number arbitrary values")
     C = len(names) if names is not None else int(out.max()) + 1   # (the range: checked above)
     labeled = out[out >= 0]
-    if labeled.size and not (labeled == 0).any() and int(label_base) == 0 and labeled.min() == 1:
+    if labeled.size and not (labeled == 0).any() and base == 0 and labeled.min() == 1:
         notes.append(f"no row has label 0 (labels {int(labeled.min())}…{int(labeled.max())}): if "
                      "they count from 1 (MATLAB), import again with label_base 1; if they are "
                      "codes such as ±1, with label_values sorted")
     if names is None:
         names = [str(c) for c in range(C)] if C > 0 else []
-    return out, names, dict(rule="index", base=int(label_base)), notes
+    return out, names, dict(rule="index", base=base), notes
 
 
 def _value_name(v) -> str:

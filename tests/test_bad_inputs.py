@@ -778,6 +778,9 @@ def _edit_npz(src, dst, **entries):
     np.savez(dst, **d)
 
 
+_DROP = object()  # a metadata field to remove (_edit_meta)
+
+
 def _edit_meta(src, dst, **fields):
     d = dict(np.load(src))
     meta = json.loads(str(d["__meta__"]))
@@ -787,8 +790,6 @@ def _edit_meta(src, dst, **fields):
     d["__meta__"] = np.array(json.dumps(meta))
     np.savez(dst, **d)
 
-
-_DROP = object()
 
 #: file of the world → a command line reading it as x.npz
 NPZ_READERS = {

@@ -136,8 +136,7 @@ def evaluate_cmd(
                                    evaluate_external, evaluate_method, load_inputs,
                                    privacy_lines)
     from fedalign.protocol import load_client_maps
-    from fedalign.files import write_report
-    from fedalign.files import check_distinct
+    from fedalign.files import check_distinct, write_report
     from fedalign.heads import get_method
 
     params = parse_params(param)

@@ -133,9 +133,9 @@ def dadil_simulate_cmd(
     if old is not None and not force:
         raise FedalignError(f"{output} already holds a federation (state/ or round_XXX/): "
                             "use --force to replace it")
-    check_outputs(list(clients.values()),
-                  [federation_paths(output, c, 0)[0] for c in clients]
-                  + [federation_paths(output, c, t)[1] for t in range(rounds + 1) for c in clients])
+    written = ([federation_paths(output, c, 0)[0] for c in clients]
+               + [federation_paths(output, c, t)[1] for t in range(rounds + 1) for c in clients])
+    check_outputs(list(clients.values()), written)
     limit_threads(threads)
     t0 = time.perf_counter()
     make_output_folder(output)
@@ -146,9 +146,8 @@ def dadil_simulate_cmd(
             n_components=n_components, n_classes=n_classes, preset=preset,
             shared_init=shared_init, optimizer=optimizer, lr=lr, alpha_rule=alpha_rule,
             lr_alpha=lr_alpha, var_floor_rel=var_floor_rel, min_var=min_var, lr_decay=lr_decay)
-    written = [federation_paths(output, c, 0)[0] for c in clients] + \
-        [federation_paths(output, c, t)[1] for t in range(rounds + 1) for c in clients]
-    stale = [p for p in old or [] if p not in set(written)]
+    kept = set(written)
+    stale = [p for p in old or [] if p not in kept]
     if stale:
         after_commit(lambda: _prune(output, stale))
     for st in states.values():

@@ -57,6 +57,7 @@ def rng_from_array(a) -> np.random.Generator:
                 "has_uint32": a[4], "uinteger": a[5]}
     return np.random.Generator(bg)
 
+
 def client_init_seed(seed: int, client: str) -> np.random.SeedSequence:
     """The client's own initialisation seed: ``SeedSequence(seed, spawn_key=(crc32(client), 1))``
     (a stream distinct from its peer-choice generator :func:`client_rng`)."""

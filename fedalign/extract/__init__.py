@@ -116,10 +116,7 @@ def load_encoder(
 
     from fedalign.encoders import create_encoder
 
-    from fedalign.encoders import check_image_size
-
     log = log or (lambda msg: None)
-    check_image_size(image_size)
     dev = resolve_device(device)
     autocast_context(dev, precision)  # validates precision early
     if threads > 0:

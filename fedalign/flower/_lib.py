@@ -19,13 +19,11 @@ are candidates to move into the library):
 - :func:`head_client_update` / :func:`head_server_aggregate` — one round of a head, the
   client's and the server's halves of
   :func:`fedalign.heads.run_method`'s loop (server_init → client_update with
-  ``round_seed(seed, k, r)`` → server_aggregate → next_init). ``run_method`` could be split
-  into ``client_message`` / ``server_round`` so that in-process and relayed runs share it.
+  ``round_seed(seed, k, r)`` → server_aggregate → next_init); the client's half is
+  :func:`fedalign.heads.client_message`, which ``run_method`` calls too.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from fedalign.align import (Reference, client_map, load_map, make_reference, save_map,
                             save_reference)
@@ -33,7 +31,7 @@ from fedalign.align import align_file
 from fedalign.errors import FedalignError
 from fedalign.files import check_spd, read_features, read_npz, sha256_file
 from fedalign.gaussian import check_tau
-from fedalign.heads import LinearHead, check_labels, client_seed, get_method, message_keys
+from fedalign.heads import LinearHead, client_message, get_method, message_keys
 from fedalign.stats import GaussianStats, compute_stats, load_stats, save_stats
 
 # DeFed-GMM-DaDiL (the file-level round API; the only DaDiL imports of the app)
@@ -48,7 +46,7 @@ __all__ = [
     "compute_stats", "draw_peers", "evaluate_target_files", "federation_paths", "get_method",
     "head_client_update", "head_server_aggregate", "head_server_init", "init_files",
     "limit_threads", "load_atoms", "load_map", "load_state", "load_stats", "make_reference",
-    "read_features", "read_npz", "relay_round", "round_seed", "save_map",
+    "read_features", "read_npz", "relay_round", "save_map",
     "save_reference", "save_stats", "sha256_file",
 ]
 
@@ -56,16 +54,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Heads: run_method's loop, split into the server's and the client's halves
 # --------------------------------------------------------------------------------------------
-
-
-def round_seed(seed: int, k: int, r: int) -> int:
-    """Seed of client k in round r, as :func:`fedalign.heads.run_method` uses it."""
-    from fedalign import heads
-
-    fn = getattr(heads, "round_seed", None)
-    if fn is None:  # a library without multi-round heads: one round, client_seed
-        return client_seed(seed, k)
-    return int(fn(seed, k, r))
 
 
 def head_config(method: str, params: dict | None):
@@ -94,13 +82,7 @@ def head_client_update(method: str, params: dict | None, X, y, n_classes: int, s
                        r: int, init) -> dict:
     """Client k's message of round r (exactly what :func:`fedalign.heads.run_method` computes)."""
     mod, cfg = head_config(method, params)
-    msg = mod.client_update(np.asarray(X), check_labels(y, n_classes), n_classes, cfg,
-                            round_seed(seed, k, r),
-                            init=init)
-    undeclared = set(msg) - set(message_keys(mod))
-    if undeclared:  # a programming error, not bad input
-        raise RuntimeError(f"{method}: message has undeclared keys {sorted(undeclared)}")
-    return msg
+    return client_message(mod, method, X, y, n_classes, cfg, seed, k, r, init)
 
 
 def head_message_keys(method: str) -> tuple:

@@ -216,6 +216,20 @@ def round_seed(seed: int, k: int, r: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(k), int(r)]).generate_state(1)[0])
 
 
+def client_message(mod, name: str, X, y, n_classes: int, cfg, seed: int, k: int, r: int,
+                   init=None, **extra) -> dict:
+    """Client k's message of round r from head module ``mod``: ``client_update`` on its
+    checked labels with :func:`round_seed`; a key the module does not declare
+    (:func:`message_keys`) is a programming error. One round of :func:`run_method`'s loop,
+    also what a relayed (Flower) client sends."""
+    msg = mod.client_update(np.asarray(X), check_labels(y, n_classes), n_classes, cfg,
+                            round_seed(seed, k, r), init=init, **extra)
+    undeclared = set(msg) - set(message_keys(mod))
+    if undeclared:  # a programming error, not bad input
+        raise RuntimeError(f"{name}: message has undeclared keys {sorted(undeclared)}")
+    return msg
+
+
 def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, params: dict | None = None,
                transports=None, config=None):
     """Run a method: every client computes its message, the server builds the head.
@@ -254,13 +268,8 @@ def run_method(method: str | Method, clients, n_classes: int, seed: int = 0, par
         messages = []
         for k, (X, y) in enumerate(clients):
             extra = {} if transports is None else {"transport": transports[k]}
-            msg = mod.client_update(np.asarray(X), check_labels(y, n_classes), n_classes, cfg,
-                                    round_seed(seed, k, r),
-                                    init=init, **extra)
-            undeclared = set(msg) - set(message_keys(mod))
-            if undeclared:  # a programming error, not bad input
-                raise RuntimeError(f"{m.name}: message has undeclared keys {sorted(undeclared)}")
-            messages.append(msg)
+            messages.append(client_message(mod, m.name, X, y, n_classes, cfg, seed, k, r, init,
+                                           **extra))
         head = mod.server_aggregate(messages, n_classes, cfg, seed)
         if rounds > 1:
             history.append(dict(head.info))
