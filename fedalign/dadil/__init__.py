@@ -1,7 +1,8 @@
 """DeFed-GMM-DaDiL: decentralized GMM dataset-dictionary learning, one module per concept.
 
 Rooms (each imports only the ones above it, plus :mod:`fedalign.errors`, :mod:`fedalign.files`,
-:mod:`fedalign.gmm`, :mod:`fedalign.metrics` and :mod:`fedalign.threads`; see
+:mod:`fedalign.gmm`, :mod:`fedalign.metrics`, :mod:`fedalign.threads` and FedCGS of
+:mod:`fedalign.heads`; see
 ``docs/architecture.md``):
 
 - :mod:`~fedalign.dadil.distances`   MW2² / SMW2² between diagonal GMMs (exact OT plans)
@@ -15,6 +16,7 @@ Rooms (each imports only the ones above it, plus :mod:`fedalign.errors`, :mod:`f
 - :mod:`~fedalign.dadil.gossip`      one gossip round (Algorithm 1), in memory and from files
 - :mod:`~fedalign.dadil.simulation`  many clients × rounds in one process, the same files
 - :mod:`~fedalign.dadil.consensus`   consensus curves M_ij(t) of a federation
+- :mod:`~fedalign.dadil.target_head` the target's ``lda`` head on its own pseudo-labeled rows
 - :mod:`~fedalign.dadil.classifiers` heads on labeled GMMs and the baselines
 - :mod:`~fedalign.dadil.evaluation`  one target domain, every method; ``evaluate -m dadil``
 - :mod:`~fedalign.dadil.envelope`    the barycentric-envelope study of a fixed dictionary

@@ -31,6 +31,11 @@ from fedalign.metrics import accuracy  # noqa: F401  (re-exported: the package's
 
 #: Heads of every GMM-based row: linear (head on labeled GMM samples) and MAP.
 CLASSIFIERS = ("linear", "map")
+#: The head on the target's own rows (:mod:`fedalign.dadil.target_head`): pseudo-labels by the
+#: GMM's MAP rule, an LDA of the sources' and the target's class statistics.
+ROWS_HEAD = "lda"
+#: Every head a GMM-based row can have.
+HEADS = CLASSIFIERS + (ROWS_HEAD,)
 #: The head of the source-only row: logistic regression on real source features.
 SOURCE_ONLY_HEAD = "logreg"
 SOURCE_ONLY, ORACLE, CENTRALIZED = "source-only", "oracle", "centralized"
@@ -48,9 +53,9 @@ SOURCE_ONLY_CS = tuple(float(c) for c in 10.0 ** np.arange(-4.0, 2.01, 0.5))
 
 
 def check_classifier(classifier: str) -> str:
-    """``classifier`` must be one of :data:`CLASSIFIERS`."""
-    if classifier not in CLASSIFIERS:
-        raise FedalignError(f"classifier must be one of {', '.join(CLASSIFIERS)}, "
+    """``classifier`` must be one of :data:`HEADS`."""
+    if classifier not in HEADS:
+        raise FedalignError(f"classifier must be one of {', '.join(HEADS)}, "
                             f"got {classifier!r}")
     return classifier
 
@@ -67,19 +72,27 @@ def parse_classifiers(values) -> tuple:
     return tuple(out)
 
 
-def gmm_classifier(gmm, classifier: str = "linear", n_per_class: int = 500, seed: int = 0):
+def gmm_classifier(gmm, classifier: str = "linear", n_per_class: int = 500, seed: int = 0,
+                   rows=None):
     """A predict function X (n, d) → (n,) from a labeled GMM.
 
     ``linear``: logistic-regression head (standardised, C = 1) trained on ``n_per_class``
     labeled samples per class drawn with ``seed`` (:func:`fedalign.gmm.train_head_from_gmm`);
     ``map``: the MAP rule argmax_c Σ_k P(k | x) V_kc (:func:`fedalign.gmm.map_predict`),
-    which does not depend on the seed.
+    which does not depend on the seed; ``lda``: the head on the target's own rows
+    (``rows``, a :class:`fedalign.dadil.target_head.TargetRows`), which does not depend on
+    the seed either.
     """
     from fedalign.gmm import map_predict, train_head_from_gmm
 
     check_classifier(classifier)
     if gmm.labels is None:
         raise FedalignError("the GMM has no labels: cannot build a classifier from it")
+    if classifier == ROWS_HEAD:
+        if rows is None:
+            raise FedalignError("the lda head needs the target's adaptation rows and the "
+                                "labeled sources")
+        return rows.head(gmm).predict
     if classifier == "map":
         return lambda X: map_predict(gmm, np.asarray(X, np.float64))
     head = train_head_from_gmm(gmm, n_per_class=int(n_per_class), seed=int(seed))

@@ -32,18 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.dadil.classifiers import (CENTRALIZED, CLASSIFIERS, ORACLE, SOURCE_ONLY,
-                                        SOURCE_ONLY_CS, SOURCE_ONLY_HEAD, _labeled, accuracy,
-                                        centralized_barycenter, gmm_classifier,
+from fedalign.dadil.classifiers import (CENTRALIZED, CLASSIFIERS, HEADS, ORACLE, ROWS_HEAD,
+                                        SOURCE_ONLY, SOURCE_ONLY_CS, SOURCE_ONLY_HEAD, _labeled,
+                                        accuracy, centralized_barycenter, gmm_classifier,
                                         parse_classifiers, source_only_classifier)
 from fedalign.dadil.state import client_barycenter, load_state
 from fedalign.errors import FedalignError
 from fedalign.threads import limit_threads
-
-
-# --------------------------------------------------------------------------------------------
-# One target domain, every method
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -133,10 +128,11 @@ def _check_dims(d: int, states: dict, gmms: list, sources: list) -> None:
 
 
 def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target", seeds=(0,),
-                    classifiers=CLASSIFIERS, sources=None, states=None, source_gmms=None,
+                    classifiers=None, sources=None, states=None, source_gmms=None,
                     target_gmm=None, oracle_gmm=None, n_per_class: int = 500,
                     source_only_Cs=SOURCE_ONLY_CS, source_only_cv: str = "lodo",
-                    dictionary_kwargs: dict | None = None, progress=None) -> TargetResult:
+                    dictionary_kwargs: dict | None = None, progress=None, target_adapt=None,
+                    head_sources=None, shrinkage=None) -> TargetResult:
     """Score every available method on one target domain's labeled test split.
 
     Methods (each only when its inputs are given), in this order:
@@ -159,7 +155,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
         Every state, GMM and label must agree with C, every input must have dimension d.
     domain : the target's name (for the result)
     seeds : seeds, one accuracy per seed
-    classifiers : heads of the GMM-based rows, a subset of :data:`CLASSIFIERS`
+    classifiers : heads of the GMM-based rows (:data:`HEADS`); None: linear, map (+ lda
+        with ``target_adapt``)
     sources : list of (X_i (n_i, d), y_i (n_i,)) labeled source features, one per domain
     states : {row name: :class:`fedalign.dadil.state.ClientState`} of the target client
     source_gmms : list of labeled source GMMs; target_gmm : the target's unlabeled GMM
@@ -168,6 +165,9 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     source_only_Cs, source_only_cv : grid and scheme of :func:`source_only_classifier`
     dictionary_kwargs : keyword arguments of :func:`fedalign.dadil.dictionary.learn_dictionary`
     progress : optional callable(k), advanced once per (method, seed)
+    target_adapt, head_sources, shrinkage : the ``lda`` head's (m, d) unlabeled target rows,
+        labeled sources in the dictionary's coordinates (None: ``sources``) and (ridge,
+        shrink_to) (None: the rule): :func:`fedalign.dadil.target_head.target_rows`
 
     Returns
     -------
@@ -184,15 +184,20 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise FedalignError("give at least one seed")
+    if classifiers is None:
+        classifiers = HEADS if target_adapt is not None else CLASSIFIERS
     classifiers = parse_classifiers(list(classifiers))
     states, source_gmms = dict(states or {}), list(source_gmms or [])
     sources = _labeled(sources) if sources else []
+    head_sources = _labeled(head_sources) if head_sources else sources
     C = _check_inputs(X, y, n_classes, sources, states, source_gmms, target_gmm, oracle_gmm)
     res = TargetResult(str(domain), C, int(len(y)), seeds)
     tick = progress or (lambda k: None)
+    rows = _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res)
     if sources:
         _source_only_row(res, X, y, sources, source_only_Cs, source_only_cv, tick)
-    gmm_row = dict(res=res, X=X, y=y, classifiers=classifiers, n_per_class=n_per_class, tick=tick)
+    gmm_row = dict(res=res, X=X, y=y, classifiers=classifiers, n_per_class=n_per_class, tick=tick,
+                   rows=rows)
     if oracle_gmm is not None:
         _gmm_row(ORACLE, lambda s: oracle_gmm, **gmm_row)
     if source_gmms:
@@ -215,6 +220,19 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
         res.records[name] = dict(client=st.client, round=int(st.round),
                                  alpha=[float(a) for a in st.alpha])
     return res
+
+
+def _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res):
+    """The ``lda`` head's :class:`~fedalign.dadil.target_head.TargetRows` (its shrinkage
+    chosen once, recorded under ``res.records["lda head"]``), or None without that head."""
+    from fedalign.dadil.target_head import target_rows
+
+    if ROWS_HEAD not in classifiers:
+        return None
+    rows = target_rows(target_adapt, head_sources, C, shrinkage=shrinkage, d=X.shape[1])
+    res.records[ROWS_HEAD + " head"] = dict(rows.record, ridge=rows.shrinkage[0],
+                                            shrink_to=rows.shrinkage[1], n_target_rows=len(rows.X))
+    return rows
 
 
 def _check_inputs(X, y, n_classes, sources, states, source_gmms, target_gmm, oracle_gmm) -> int:
@@ -262,20 +280,19 @@ def _source_only_row(res, X, y, sources, Cs, cv, tick) -> None:
     res.records[SOURCE_ONLY] = rec
 
 
-def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick) -> None:
-    """One GMM-based method, every head: ``gmm_for_seed(s)`` → labeled GMM → head (seed s)."""
+def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick, rows=None) -> None:
+    """One GMM-based method, every head: ``gmm_for_seed(s)`` → labeled GMM → head (seed s);
+    heads that do not depend on the seed (map, lda) are fitted once per GMM."""
     acc = {h: [] for h in classifiers}
+    done = {}
     for s in res.seeds:
         g = gmm_for_seed(s)
         for h in classifiers:
-            acc[h].append(accuracy(gmm_classifier(g, h, n_per_class, s), X, y))
+            if h == "linear" or h not in done or done[h][0] is not g:  # same GMM: reuse
+                done[h] = (g, accuracy(gmm_classifier(g, h, n_per_class, s, rows=rows), X, y))
+            acc[h].append(done[h][1])
         tick(1)
     res.accuracy[method] = acc
-
-
-# --------------------------------------------------------------------------------------------
-# File-level wrappers: ``fedalign dadil-evaluate`` and ``fedalign evaluate -m dadil``
-# --------------------------------------------------------------------------------------------
 
 
 def read_test_split(path) -> tuple:

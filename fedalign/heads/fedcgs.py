@@ -7,11 +7,16 @@ statistics exactly, whatever the partition:
     μ_c = Σ_k s_{k,c} / N_c,   μ = Σx / N,   S = Σxxᵀ / N − μ μᵀ                 (total)
     S_w = S − Σ_c (N_c/N) (μ_c − μ)(μ_c − μ)ᵀ                                 (within-class)
     Σ = (1 − r) S + r (tr S / d) I                                            (ridge r)
+    Σ = (1 − r) S + r (tr(D⁻¹SD⁻¹) / d) D²,  D² = diag of the total covariance    (shrink_to diagonal)
     W = M Σ⁻¹,   b_c = −½ μ_cᵀ Σ⁻¹ μ_c + log(N_c / N)
 
 M stacks the class means as rows. Classes absent from every client get b_c = −∞ (never
 predicted). With ``covariance="within"`` and ``ridge=r`` this is scikit-learn's
 ``LinearDiscriminantAnalysis(solver="lsqr", shrinkage=r)`` on the pooled data.
+With ``shrink_to="diagonal"`` the ridge pulls towards the per-feature variances instead of a
+multiple of the identity: the same head as ``shrink_to="identity"`` on features standardised
+by the pooled standard deviations (LDA is affine-equivariant), which no feature's scale can
+dominate; features of zero variance keep a variance floor of 1e-12 · the largest.
 
 The inverse uses a symmetric eigendecomposition with eigenvalues clipped at
 ``1e-12 · λ_max`` (:mod:`fedalign.linalg`).
@@ -57,6 +62,8 @@ from fedalign.errors import FedalignError
 from fedalign.heads import LinearHead
 from fedalign.linalg import project_psd
 
+#: What the ridge pulls the covariance towards: (tr S / d) I, or the scaled diagonal.
+SHRINK_TARGETS = ("identity", "diagonal")
 MESSAGE_KEYS = ("class_counts", "class_sums", "sum_x", "sum_xx")
 OPTIONAL_MESSAGE_KEYS = ("clipped_fraction",)  # a DP message only
 
@@ -66,6 +73,7 @@ class Config:
     variant: str = "fedalign"
     covariance: str = "total"
     ridge: float = 0.01
+    shrink_to: str = "identity"
     ddof: int = 0
     dp_epsilon: float = float("inf")
     dp_delta: float = 0.0
@@ -81,6 +89,9 @@ class Config:
             raise FedalignError(f"fedcgs.covariance must be total or within, got {self.covariance!r}")
         if not 0.0 <= self.ridge <= 1.0:
             raise FedalignError(f"fedcgs.ridge must be in [0, 1], got {self.ridge}")
+        if self.shrink_to not in SHRINK_TARGETS:
+            raise FedalignError(f"fedcgs.shrink_to must be {' or '.join(SHRINK_TARGETS)}, "
+                                f"got {self.shrink_to!r}")
         self.spec()
 
     def spec(self):
@@ -161,6 +172,22 @@ def lda_head(Nc, Mc, Sigma) -> LinearHead:
     return LinearHead(W, b)
 
 
+def shrink(S, ridge: float, shrink_to: str = "identity", variances=None) -> np.ndarray:
+    """The shrunk covariance Σ (d, d) of the LDA head.
+
+    ``identity``: Σ = (1 − r) S + r (tr S / d) I. ``diagonal``: with D² = diag(``variances``)
+    (the total covariance's diagonal; S's own by default), floored at 1e-12 · its largest,
+    Σ = (1 − r) S + r (tr(D⁻¹ S D⁻¹) / d) D² — the identity rule in standardised coordinates.
+    """
+    d = S.shape[0]
+    if shrink_to == "identity":
+        return (1.0 - ridge) * S + ridge * (np.trace(S) / d) * np.eye(d)
+    v = np.diag(S).copy() if variances is None else np.asarray(variances, np.float64)
+    v = np.maximum(v, 1e-12 * max(float(v.max()), 1e-300))
+    scale = float(np.sum(np.diag(S) / v)) / d
+    return (1.0 - ridge) * S + np.diag(ridge * scale * v)
+
+
 def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) -> LinearHead:
     spec = config.spec()
     if spec is not None:
@@ -168,13 +195,14 @@ def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) ->
     Nc, Mc, mu, S = global_statistics(messages, config.ddof)
     if spec is not None:
         S = project_psd(S)
+    total_variance = np.diag(S).copy()
     if config.covariance == "within":
         D = Mc - mu
         S = S - (D.T * (Nc / (Nc.sum() - config.ddof))) @ D
         if spec is not None:
             S = project_psd(S)
     d = S.shape[0]
-    Sigma = (1.0 - config.ridge) * S + config.ridge * (np.trace(S) / d) * np.eye(d)
+    Sigma = shrink(S, config.ridge, config.shrink_to, total_variance)
     if spec is None:
         return lda_head(Nc, Mc, Sigma)
     from fedalign.dp import describe
