@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 
 NAMES = {"office_caltech10": "Office-Caltech10", "digits": "Digits", "amazon_review": "Amazon review"}
-ROWS = [("source-only", "logreg"), ("oracle", "linear"), ("oracle", "map"),
-        ("centralized", "linear"), ("centralized", "map"),
-        ("DeFed replacement", "linear"), ("DeFed replacement", "map"),
-        ("DeFed aggregation", "linear"), ("DeFed aggregation", "map")]
+#: Rows in table order when present; every other (method, head) of the results follows in the
+#: order the results list them (the peers of ``fedalign.peers``, ...).
+ROWS = [("source-only", "logreg"), ("oracle", "linear"), ("oracle", "map"), ("oracle", "lda"),
+        ("centralized", "linear"), ("centralized", "map"), ("centralized", "lda"),
+        ("DeFed replacement", "linear"), ("DeFed replacement", "map"), ("DeFed replacement", "lda"),
+        ("DeFed aggregation", "linear"), ("DeFed aggregation", "map"), ("DeFed aggregation", "lda")]
+DEFED = [r for r in ROWS if r[0].startswith("DeFed")]
 LABELS = {"source-only": "source-only (C by leave-one-source-out CV)",
           "oracle": "oracle: labeled-target GMM", "centralized": "centralized GMM-DaDiL"}
 
@@ -41,7 +44,29 @@ def load(runs: Path) -> dict:
 
 
 def acc_of(r, method, head):
-    return r.get("result", {}).get("accuracy", {}).get(method, {}).get(head, [None])[0]
+    v = r.get("result", {}).get("accuracy", {}).get(method, {}).get(head, [None])[0]
+    return None if v is None or not np.isfinite(v) else v
+
+
+def rows_of(res) -> list:
+    """(method, head) rows of the results: :data:`ROWS` first, then the others in order."""
+    seen = []
+    for r in res:
+        for m, heads in r.get("result", {}).get("accuracy", {}).items():
+            for h in heads:
+                if (m, h) not in seen:
+                    seen.append((m, h))
+    return [x for x in ROWS if x in seen] + [x for x in seen if x not in ROWS]
+
+
+def failures(res) -> list:
+    """'row on target seed s: reason' of every peer that failed (records with ``failed``)."""
+    out = []
+    for r in res:
+        for m, rec in r.get("result", {}).get("records", {}).items():
+            if isinstance(rec, dict) and rec.get("failed"):
+                out.append(f"{m} on {r['target']} seed {r['seed']}: {rec['failed']}")
+    return out
 
 
 def main_table(res):
@@ -51,17 +76,19 @@ def main_table(res):
     lines = ["| method | head | " + " | ".join(targets) + " | average |",
              "|---|---|" + "---|" * (len(targets) + 1)]
     avgs = {}
-    for m, h in ROWS:
+    for m, h in rows_of(main):
         cells, per_seed = [], defaultdict(list)
         for t in targets:
             v = [acc_of(r, m, h) for r in main if r["target"] == t]
             v = [x for x in v if x is not None]
-            cells.append(pm(v) if v else "—")
+            cells.append(pm(v) if v else ("failed" if any(r["target"] == t for r in main) else "—"))
             for r in main:
                 if r["target"] == t and acc_of(r, m, h) is not None:
                     per_seed[r["seed"]].append(acc_of(r, m, h))
         full = [np.mean(v) for s, v in sorted(per_seed.items()) if len(v) == len(targets)]
         if not full:
+            if any(c != "—" for c in cells):
+                lines.append(f"| {LABELS.get(m, m)} | {h} | " + " | ".join(cells) + " | — |")
             continue
         avgs[(m, h)] = float(np.mean(full))
         lines.append(f"| {LABELS.get(m, m)} | {h} | " + " | ".join(cells) + f" | **{pm(full)}** |")
@@ -78,7 +105,7 @@ def missing_table(res):
     fracs = sorted({r["missing"] for r in rows})
     lines = ["| method | head | " + " | ".join(f"{100 * m:.0f} % removed" for m in fracs)
              + " | loss 0 → max |", "|---|---|" + "---|" * (len(fracs) + 1)]
-    for m, h in ROWS[5:]:
+    for m, h in DEFED:
         vals = []
         for f in fracs:
             per_seed = defaultdict(list)
@@ -191,8 +218,16 @@ def protocol(res, ds, seeds, targets, timing):
             f"steps, A = {p['n_atoms']} atoms, preset `{p['preset']}` ({', '.join(f'{k}={v}' for k, v in pre.items())}); "
             f"every client from its own seeded start. Centralized GMM-DaDiL: R·E = "
             f"{p['rounds'] * p['local_steps']} steps of the same optimiser.\n"
-            f"- Heads: `linear` = logistic regression on {p['n_per_class']} samples per class of the "
-            f"barycenter; `map` = the GMM's MAP rule. Source-only: standardised logistic "
+            + (f"- Sources mapped onto the target's Gaussian first (mean and Ledoit–Wolf covariance "
+               f"of its adaptation rows, τ = 1) for the GMMs, the dictionary and the `lda` head; "
+               f"source-only and the peers see the sources as they are.\n"
+               if p.get("align_to_target") == "on" or (p.get("align_to_target") == "auto"
+                                                       and p["preset"] == "fedalign") else "")
+            + f"- Heads: `linear` = logistic regression on {p['n_per_class']} samples per class of the "
+            f"barycenter; `map` = the GMM's MAP rule; `lda` = the target's adaptation rows "
+            f"pseudo-labeled by the barycenter's MAP rule, an LDA of their and the sources' class "
+            f"statistics, its shrinkage chosen by leave-one-source-domain-out on the sources. "
+            f"Source-only: standardised logistic "
             f"regression on the pooled sources, C from a fixed grid by leave-one-source-domain-out CV.\n"
             + (f"- Run time: {t['wall']:.0f} s wall clock on {p['workers']} worker processes "
                f"({t['cpu']:.0f} s of job time).\n" if t else "")
@@ -236,11 +271,22 @@ def main():
         summary[ds] = avgs
         md += [f"## {NAMES[ds]}", "", protocol(res, ds, seeds, targets, timing), table, ""]
         so = avgs.get(("source-only", "logreg"))
-        for strat in ("DeFed replacement", "DeFed aggregation"):
-            v = avgs.get((strat, "linear"))
+        peers = {mh: v for mh, v in avgs.items() if mh[0] not in {m for m, _ in ROWS}
+                 and "ceiling" not in mh[0]}
+        best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
+        for strat, head in DEFED:
+            v = avgs.get((strat, head))
             if so is not None and v is not None:
                 word = "above" if v >= so else "BELOW"
-                md.append(f"- {strat} (linear): {100 * v:.1f} — {word} source-only ({100 * so:.1f}).")
+                line = (f"- {strat} ({head}): {100 * v:.1f} — {word} source-only ({100 * so:.1f}, "
+                        f"{100 * (v - so):+.1f})")
+                if best:
+                    line += (f"; {'above' if v >= best[1] else 'BELOW'} the best peer, "
+                             f"{best[0][0]} ({100 * best[1]:.1f}, {100 * (v - best[1]):+.1f})")
+                md.append(line + ".")
+        fails = failures(res)
+        if fails:
+            md.append("- Peers that failed (reported, not hidden): " + "; ".join(fails) + ".")
         al = alpha_summary(res)
         for strat, s in al.items():
             if s["max_l1"] is not None:

@@ -7,7 +7,13 @@ For every dataset, target domain T and seed s (and fraction m of target classes 
 1. T is split into a stratified 80 % adaptation part and a 20 % test part (seed s); the test
    part is never used for adaptation. round(m·C) classes (seeded) are removed from the
    adaptation part only.
-2. GMMs (``fedalign.gmm.fit_gmm``, its defaults): every source labeled on all its rows
+2. ``--align-to-target`` (on with the ``fedalign`` preset, off with ``reference``): every
+   source's rows are first mapped onto the target's Gaussian (the target's mean and
+   Ledoit–Wolf covariance of its adaptation part as the reference, τ = 1: the target sends
+   (μ_T, Σ_T) once, as in SLOT-Align; ``fedalign stats`` → ``barycenter`` of that one file →
+   ``align --tau 1``), and everything below uses the mapped sources except the source-only
+   baseline and the peers, which see the sources as they are.
+   GMMs (``fedalign.gmm.fit_gmm``, its defaults): every source labeled on all its rows
    (k components per class); the target unlabeled on its adaptation part (C·k components);
    the oracle: the target's adaptation part WITH its labels.
 3. Rows, all scored on T's test part by ``fedalign.dadil.evaluation.evaluate_target`` (the one
@@ -87,6 +93,22 @@ def _gmm(path: Path, X, y, a, C, seed, names):
     return load_gmm(path)
 
 
+def align_to_target(sources: dict, X_target) -> dict:
+    """{domain: (X mapped onto the target's Gaussian, y)}: the target's mean and Ledoit–Wolf
+    covariance as a one-client reference, each source's own map at τ = 1 (``fedalign.align``:
+    what ``stats``, ``barycenter`` of the target's one stats file and ``align --tau 1`` do)."""
+    from fedalign.align import apply_map, client_map, make_reference
+    from fedalign.federation import gaussian_stats
+
+    ref = make_reference([gaussian_stats(X_target)])
+    return {d: (apply_map(X, client_map(gaussian_stats(X), ref, domain=d), 1.0).astype(np.float64),
+                y) for d, (X, y) in sources.items()}
+
+
+def aligned(a) -> bool:
+    return a.align_to_target == "on" or (a.align_to_target == "auto" and a.preset == "fedalign")
+
+
 def init_options(a, seed):
     return dict(n_atoms=a.n_atoms, seed=seed, preset=a.preset)
 
@@ -109,8 +131,12 @@ def run_job(a, job):
     tr, te, dropped = split_target(y, C, seed, m)
     tag = f"m{int(round(100 * m)):02d}"
     sources = [d for d in a.domains if d != T]
-    src_gmm = {d: _gmm(gdir / f"{d}.labeled.gmm.npz", *data[d][:2], a, C, seed, names)
-               for d in sources}
+    raw = {d: data[d][:2] for d in sources}
+    if aligned(a):  # the sources moved onto the target's Gaussian (its adaptation rows)
+        src, gname = align_to_target(raw, X[tr]), f"{{}}.to_{T}_{tag}.labeled.gmm.npz"
+    else:
+        src, gname = raw, "{}.labeled.gmm.npz"
+    src_gmm = {d: _gmm(gdir / gname.format(d), *src[d], a, C, seed, names) for d in sources}
     tgt_path = gdir / f"{T}.target_{tag}.gmm.npz"
     tgt = _gmm(tgt_path, X[tr], None, a, C, seed, names)
     res = dict(job=job, target=T, seed=seed, missing=m, dropped_classes=dropped,
@@ -119,7 +145,7 @@ def run_job(a, job):
     t_all = time.perf_counter()
     states, alpha_traj, consensus = {}, {}, {}
     if kind in ("main", "missing"):
-        gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
+        gp = {d: gdir / gname.format(d) for d in sources}
         gp[T] = tgt_path
         keep = job.get("consensus", False)
         for strat in ("replacement", "aggregation"):
@@ -149,7 +175,7 @@ def run_job(a, job):
         pre = PRESETS[a.preset]
         Xl, yl, _ = data[T]
         oracle = _gmm(gdir / f"{T}.oracle.gmm.npz", Xl[tr], yl[tr], a, C, seed, names)
-        kw = dict(sources=[data[d][:2] for d in sources], oracle_gmm=oracle,
+        kw = dict(sources=[raw[d] for d in sources], oracle_gmm=oracle,
                   source_gmms=[src_gmm[d] for d in sources], target_gmm=tgt,
                   dictionary_kwargs=dict(n_atoms=a.n_atoms, n_iter=a.rounds * a.local_steps,
                                          init=pre["init"], var_floor_rel=pre["var_floor_rel"],
@@ -158,25 +184,28 @@ def run_job(a, job):
                                                      pre["min_var"] or 1e-6)))
     if kind in ("main", "missing"):
         t0 = time.perf_counter()
+        if a.heads:
+            kw["classifiers"] = a.heads.split(",")
         r = evaluate_target(X[te], y[te], n_classes=C, domain=T, seeds=[seed], states=states,
-                            n_per_class=a.n_per_class, **kw)
+                            n_per_class=a.n_per_class, target_adapt=X[tr],
+                            head_sources=[src[d] for d in sources], **kw)
         res["time"]["evaluate"] = time.perf_counter() - t0
         res["result"] = r.to_json()
         res["alpha_trajectory"] = alpha_traj
         res["consensus"] = consensus
     if kind == "envelope":
         res["envelope"] = envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C,
-                                       names, seed)
+                                       names, seed, gname)
     res["time"]["total"] = time.perf_counter() - t_all
     return res
 
 
-def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, seed):
+def envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C, names, seed, gname):
     from fedalign.dadil import envelope_study, load_dictionary, simulate
 
     out = Path(a.out)
     fed = out / "fed" / f"envelope_{job['target']}_s{seed}"
-    gp = {d: gdir / f"{d}.labeled.gmm.npz" for d in sources}
+    gp = {d: gdir / gname.format(d) for d in sources}
     simulate(gp, fed, a.rounds, "aggregation", a.local_steps, keep_history=False,
              in_memory=True, **init_options(a, seed))
     atoms, _ = load_dictionary(fed / f"round_{a.rounds:03d}" / f"{sources[0]}.atoms.npz")
@@ -241,6 +270,10 @@ def main(argv=None):
     ap.add_argument("--n-atoms", type=int, default=3)
     ap.add_argument("--k", type=int, default=5, help="components per class")
     ap.add_argument("--preset", default="fedalign")
+    ap.add_argument("--align-to-target", default="auto", choices=("auto", "on", "off"),
+                    help="map the sources onto the target's Gaussian first (auto: with the "
+                         "fedalign preset)")
+    ap.add_argument("--heads", default="", help="heads of the GMM rows (default: linear,map,lda)")
     ap.add_argument("--n-per-class", type=int, default=500)
     ap.add_argument("--subsample", type=int, default=0)
     ap.add_argument("--missing", default="0,0.15,0.3,0.45")
