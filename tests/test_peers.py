@@ -51,14 +51,6 @@ def shifted():
     return blobs()
 
 
-def _head(C):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=1000))
-
-
 def test_linear_ot_and_slot_to_target_beat_source_only(shifted, monkeypatch):
     sources, Xa, ya, Xt, yt = shifted
     predict, rec = source_only_classifier(sources)
@@ -90,7 +82,7 @@ def test_slot_to_target_is_the_gaussian_ot_map_onto_the_target(shifted):
     from sklearn.covariance import LedoitWolf
 
     sources, Xa, _, Xt, _ = shifted
-    Z, y, Zt, settings = adapt_features("slot-to-target", sources, Xa, Xt)
+    Z, y, Za, Zt, settings = adapt_features("slot-to-target", sources, Xa, Xt)
     lw_a = LedoitWolf().fit(Xa)
     R = _sqrtm(lw_a.covariance_)
     want = []
@@ -99,7 +91,8 @@ def test_slot_to_target_is_the_gaussian_ot_map_onto_the_target(shifted):
         A = R @ np.linalg.inv(_sqrtm(R @ S @ R)) @ R   # Σ_a^½ (Σ_a^½ Σ_i Σ_a^½)^-½ Σ_a^½
         want.append((X - X.mean(0)) @ A.T + lw_a.location_)
     np.testing.assert_allclose(Z, np.concatenate(want), rtol=1e-7, atol=1e-9)
-    np.testing.assert_array_equal(Zt, Xt)              # the test rows stay where they are
+    np.testing.assert_array_equal(Zt, Xt)              # the target's rows stay where they are
+    np.testing.assert_array_equal(Za, Xa)
     np.testing.assert_array_equal(y, np.concatenate([y for _, y in sources]))
     assert settings["tau"] == 1.0
     # the mapped sources have the target's mean and Ledoit–Wolf covariance, each of them
@@ -107,21 +100,10 @@ def test_slot_to_target_is_the_gaussian_ot_map_onto_the_target(shifted):
     np.testing.assert_allclose(Z[:n0].mean(0), Xa.mean(0), atol=1e-9)
 
 
-def test_coral_row_equals_skadas_coral_pipeline(shifted):
-    from sklearn.base import BaseEstimator, ClassifierMixin
+def test_coral_row_equals_skadas_coral_pipeline():
     from sklearn.covariance import LedoitWolf
-
-    class StdLogReg(ClassifierMixin, BaseEstimator):   # the peers' head as one estimator
-        def __init__(self, C=1.0):
-            self.C = C
-
-        def fit(self, X, y):
-            self.p_ = _head(self.C).fit(X, y)
-            self.classes_ = self.p_.classes_
-            return self
-
-        def predict(self, X):
-            return self.p_.predict(X)
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
 
     sources, Xa, _, Xt, yt = blobs(seed=3, noise=2.0, shift=1.0)
     C = 0.05
@@ -129,24 +111,28 @@ def test_coral_row_equals_skadas_coral_pipeline(shifted):
     y = np.concatenate([s[1] for s in sources] + [np.full(len(Xa), -1)])
     sd = np.concatenate([np.full(len(sources[0][0]), 1), np.full(len(sources[1][0]), 2),
                          np.full(len(Xa), -1)])
-    pipe = skada.CORAL(StdLogReg(C)).fit(X, y, sample_domain=sd)
-    want = pipe.predict(Xt, sample_domain=np.full(len(Xt), -1))
+    pipe = skada.make_da_pipeline(skada.CORALAdapter(), StandardScaler(),
+                                  LogisticRegression(C=C, max_iter=1000))
+    want = pipe.fit(X, y, sample_domain=sd).predict(Xt, sample_domain=np.full(len(Xt), -1))
     res = evaluate_peers(sources, Xa, Xt, yt, C=C, rows=("coral",))
     assert res.accuracy["coral"]["logreg"] == [float(np.mean(want == yt))]
     assert 0.5 < np.mean(want == yt) < 1.0            # a score that can disagree
-    Z, ys, Zt, _ = adapt_features("coral", sources, Xa, Xt)
-    np.testing.assert_array_equal(_head(C).fit(Z, ys).predict(Zt), want)
-    # CORAL's closed form: sources centred, whitened and coloured; the target rows centred.
+    # CORAL's closed form: sources centred, whitened and coloured; the target's rows centred.
     # skada's reg="auto": Ledoit–Wolf on the standardised columns, scaled back
     def cov(X):
         sd = X.std(0)
         return sd[:, None] * LedoitWolf().fit(X / sd).covariance_ * sd[None, :]
 
+    Z, ys, Za, Zt, _ = adapt_features("coral", sources, Xa, Xt)
     Xs = np.concatenate([s[0] for s in sources])
-    Ss, Sa = cov(Xs), cov(Xa)
-    np.testing.assert_allclose(Z, (Xs - Xs.mean(0)) @ np.linalg.inv(_sqrtm(Ss)) @ _sqrtm(Sa),
-                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(Z, (Xs - Xs.mean(0)) @ np.linalg.inv(_sqrtm(cov(Xs)))
+                               @ _sqrtm(cov(Xa)), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(Zt, Xt - Xa.mean(0), atol=1e-12)
+    np.testing.assert_allclose(Za, Xa - Xa.mean(0), atol=1e-12)
+    # the head: the scaler on the adapted sources and adaptation rows, as the pipeline's
+    sc = StandardScaler().fit(np.concatenate([Z, Za]))
+    lr = LogisticRegression(C=C, max_iter=1000).fit(sc.transform(Z), ys)
+    np.testing.assert_array_equal(lr.predict(sc.transform(Zt)), want)
 
 
 def test_a_failing_peer_is_a_failed_row_and_the_others_go_on(shifted):
