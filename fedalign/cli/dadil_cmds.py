@@ -232,7 +232,10 @@ def consensus_cmd(
          epilog="Example: fedalign dadil-evaluate --test webcam.test.h5 --source amazon.h5 --source dslr.h5 "
                 "--gmm amazon.gmm.npz --gmm dslr.gmm.npz --target-gmm webcam.gmm.npz "
                 "--oracle-gmm webcam.labeled.gmm.npz "
-                "--state aggregation=fed/state/webcam.state.npz --seeds 0-2")
+                "--state aggregation=fed/state/webcam.state.npz --seeds 0-2\n\n"
+                "With the shallow DA peers: fedalign dadil-evaluate --test webcam.test.h5 "
+                "--source amazon.h5 --source dslr.h5 --target-adapt webcam.adapt.h5 --peers "
+                "--json webcam.peers.json")
 def dadil_evaluate_cmd(
     test: Path = typer.Option(..., "--test", help="The target's held-out test split (.h5), never used for adaptation."),
     state: Optional[List[str]] = typer.Option(None, "--state", help="[NAME=]STATE: the target client's DeFed state after the rounds (repeatable)."),
@@ -244,6 +247,8 @@ def dadil_evaluate_cmd(
     n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
     classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, or linear,map (repeatable; default: both)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
+    target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5) for --peers, seen unlabeled; labels in it, where present, train only the ceiling row."),
+    peers: bool = typer.Option(False, "--peers", help="Add the shallow DA peer rows (fedalign.peers): skada's CORAL, SubspaceAlignment and LinearOTMapping (reg 1), SLOT-Align as DA at τ=1 and the default τ, SLOT toward the target's Gaussian, and the ceiling (when --target-adapt has labels); each a standardised logistic regression with source-only's C. Needs --source, --target-adapt and skada (pip install 'fedalign[da]')."),
     seeds_opt: List[str] = seeds_option(),
     json_out: Optional[Path] = json_option(),
     threads: int = threads_option(),
@@ -256,7 +261,9 @@ def dadil_evaluate_cmd(
     (dictionary learned from --gmm + --target-gmm in one process; the seed seeds the atoms),
     and one row per --state (the target client's B(α_T; atoms)). Every GMM-based row is scored
     with each --classifier head. A state or GMM whose d or C differs from the test file's is
-    refused, and so is a test file without labeled rows.
+    refused, and so is a test file without labeled rows. --peers adds the shallow DA methods
+    (fedalign.peers) on --target-adapt; a peer that fails on this target is shown as
+    "failed: reason" and the other rows go on.
     """
     from rich.table import Table
 
@@ -265,6 +272,7 @@ def dadil_evaluate_cmd(
     from fedalign.dadil.evaluation import evaluate_target_files, target_report
     from fedalign.errors import FedalignError
     from fedalign.files import write_report
+    from fedalign.peers import PEER_HEAD, PEER_LABELS
 
     _threads(threads)
     heads = parse_classifiers(classifier)
@@ -280,7 +288,9 @@ def dadil_evaluate_cmd(
     if not (states or source or gmm or target_gmm or oracle_gmm):
         raise FedalignError("nothing to evaluate: give --state, --source, --gmm/--target-gmm "
                             "and/or --oracle-gmm")
+    peer_rows = _peer_rows(peers, source, target_adapt, test)
     units = len(seeds) * (len(states) + bool(source) + bool(gmm or target_gmm) + bool(oracle_gmm))
+    units += len(peer_rows)
     t0 = time.perf_counter()
     with progress_bar(units, "dadil-evaluate", unit="runs") as bar:
         res = evaluate_target_files(
@@ -288,6 +298,12 @@ def dadil_evaluate_cmd(
             target_gmm=target_gmm, oracle_gmm=oracle_gmm, seeds=seeds, classifiers=heads,
             n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
             progress=bar)
+        if peer_rows:
+            from fedalign.peers import add_peer_rows, evaluate_peers_files
+
+            add_peer_rows(res, evaluate_peers_files(
+                test, list(source), target_adapt, C=res.records[SOURCE_ONLY]["C"], seeds=seeds,
+                rows=peer_rows, progress=bar))
     dom = res.domain
     table = Table(title=f"target {dom}: accuracy (%), mean ± std over {len(seeds)} seed(s), "
                         f"{res.n_test} test rows")
@@ -295,9 +311,13 @@ def dadil_evaluate_cmd(
     table.add_column("head")
     table.add_column(dom, justify="right", style="bold")
     summary = res.summary()
+    labels = dict(METHOD_LABELS, **(PEER_LABELS if peer_rows else {}))
     for m, h, _ in res.rows():
         ms = summary[m][h]
-        table.add_row(METHOD_LABELS.get(m, m), h, f"{100 * ms['mean']:.1f} ± {100 * ms['std']:.1f}")
+        table.add_row(labels.get(m, m), h, f"{100 * ms['mean']:.1f} ± {100 * ms['std']:.1f}")
+    for m, rec in res.records.items():   # failed peer rows: in the records, not the accuracy
+        if m not in res.accuracy and "failed" in rec:
+            table.add_row(labels.get(m, m), PEER_HEAD, f"failed: {rec['failed']}")
     out.print(table)
     cv = res.records.get(SOURCE_ONLY)
     if cv is not None and "C" in cv:
@@ -307,3 +327,23 @@ def dadil_evaluate_cmd(
         write_report(json_out, target_report(res, test, states, heads))
     err.print(f"dadil-evaluate: {len(res.accuracy)} methods × {len(seeds)} seeds "
               f"({time.perf_counter() - t0:.1f}s)" + (f" → {json_out}" if json_out else ""))
+
+
+def _peer_rows(peers: bool, source, target_adapt, test) -> tuple:
+    """The peer rows of ``dadil-evaluate --peers`` (none without it), checked before any work:
+    --peers needs --source and --target-adapt (a file other than --test), and skada."""
+    from fedalign.errors import FedalignError
+
+    if not peers:
+        if target_adapt is not None:
+            raise FedalignError("--target-adapt is read only with --peers")
+        return ()
+    if not source or target_adapt is None:
+        raise FedalignError("--peers needs --source (the labeled source features) and "
+                            "--target-adapt (the target's adaptation rows)")
+    if Path(target_adapt).resolve() == Path(test).resolve():
+        raise FedalignError("--target-adapt and --test are the same file: the test rows must "
+                            "stay out of the adaptation")
+    from fedalign.peers import PEER_ROWS, check_rows
+
+    return check_rows(PEER_ROWS)
