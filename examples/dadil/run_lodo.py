@@ -190,6 +190,14 @@ def run_job(a, job):
                             n_per_class=a.n_per_class, target_adapt=X[tr],
                             head_sources=[src[d] for d in sources], **kw)
         res["time"]["evaluate"] = time.perf_counter() - t0
+        if kind == "main" and a.peers:  # the shallow DA peers, on the sources as they are
+            from fedalign.peers import add_peer_rows, evaluate_peers
+
+            t0 = time.perf_counter()
+            add_peer_rows(r, evaluate_peers([raw[d] for d in sources], X[tr], X[te], y[te],
+                                            C=r.records["source-only"]["C"], seeds=[seed],
+                                            y_adapt=y[tr]))
+            res["time"]["peers"] = time.perf_counter() - t0
         res["result"] = r.to_json()
         res["alpha_trajectory"] = alpha_traj
         res["consensus"] = consensus
@@ -273,6 +281,8 @@ def main(argv=None):
     ap.add_argument("--align-to-target", default="auto", choices=("auto", "on", "off"),
                     help="map the sources onto the target's Gaussian first (auto: with the "
                          "fedalign preset)")
+    ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                    help="the shallow DA peers of fedalign.peers in every main job (needs skada)")
     ap.add_argument("--heads", default="", help="heads of the GMM rows (default: linear,map,lda)")
     ap.add_argument("--n-per-class", type=int, default=500)
     ap.add_argument("--subsample", type=int, default=0)

@@ -245,9 +245,10 @@ def dadil_evaluate_cmd(
     oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
     central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
     n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
-    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, or linear,map (repeatable; default: both)."),
+    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), comma-separated or repeated (default: linear,map, and lda with --target-adapt)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
-    target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5) for --peers, seen unlabeled; labels in it, where present, train only the ceiling row."),
+    target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5), seen unlabeled: the lda head of every GMM-based row pseudo-labels them (added to the default heads), and --peers adapt to them; labels in it, where present, train only the peers' ceiling row."),
+    head_source: Optional[List[Path]] = typer.Option(None, "--head-source", help="Labeled source features of the lda head, in the coordinates the dictionary was learned in (e.g. mapped onto the target's Gaussian with align --tau 1); default: the --source files."),
     peers: bool = typer.Option(False, "--peers", help="Add the shallow DA peer rows (fedalign.peers): skada's CORAL, SubspaceAlignment and LinearOTMapping (reg 1), SLOT-Align as DA at τ=1 and the default τ, SLOT toward the target's Gaussian, and the ceiling (when --target-adapt has labels); each a standardised logistic regression with source-only's C. Needs --source, --target-adapt and skada (pip install 'fedalign[da]')."),
     seeds_opt: List[str] = seeds_option(),
     json_out: Optional[Path] = json_option(),
@@ -275,7 +276,7 @@ def dadil_evaluate_cmd(
     from fedalign.peers import PEER_HEAD, PEER_LABELS
 
     _threads(threads)
-    heads = parse_classifiers(classifier)
+    heads = parse_classifiers(classifier or (["linear,map,lda"] if target_adapt else None))
     seeds = parse_seeds(seeds_opt)
     states = {}
     for spec in state or []:
@@ -284,7 +285,9 @@ def dadil_evaluate_cmd(
         if name in states or name in METHOD_LABELS:
             raise FedalignError(f"--state: row name {name!r} used twice (give NAME=STATE)")
         states[name] = Path(path)
-    guard_outputs(list(states.values()), [json_out])
+    inputs = [test, *states.values(), *(source or []), *(gmm or []), *(head_source or []),
+              *[q for q in (target_gmm, oracle_gmm, target_adapt) if q is not None]]
+    guard_outputs(inputs, [json_out])
     if not (states or source or gmm or target_gmm or oracle_gmm):
         raise FedalignError("nothing to evaluate: give --state, --source, --gmm/--target-gmm "
                             "and/or --oracle-gmm")
@@ -296,6 +299,7 @@ def dadil_evaluate_cmd(
         res = evaluate_target_files(
             test, states=states, sources=list(source or []), source_gmms=list(gmm or []),
             target_gmm=target_gmm, oracle_gmm=oracle_gmm, seeds=seeds, classifiers=heads,
+            target_adapt=target_adapt, head_sources=list(head_source or []),
             n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
             progress=bar)
         if peer_rows:
@@ -334,16 +338,14 @@ def _peer_rows(peers: bool, source, target_adapt, test) -> tuple:
     --peers needs --source and --target-adapt (a file other than --test), and skada."""
     from fedalign.errors import FedalignError
 
+    if target_adapt is not None and Path(target_adapt).resolve() == Path(test).resolve():
+        raise FedalignError("--target-adapt and --test are the same file: the test rows must "
+                            "stay out of the adaptation")
     if not peers:
-        if target_adapt is not None:
-            raise FedalignError("--target-adapt is read only with --peers")
         return ()
     if not source or target_adapt is None:
         raise FedalignError("--peers needs --source (the labeled source features) and "
                             "--target-adapt (the target's adaptation rows)")
-    if Path(target_adapt).resolve() == Path(test).resolve():
-        raise FedalignError("--target-adapt and --test are the same file: the test rows must "
-                            "stay out of the adaptation")
     from fedalign.peers import PEER_ROWS, check_rows
 
     return check_rows(PEER_ROWS)

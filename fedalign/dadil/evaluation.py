@@ -312,7 +312,7 @@ def read_test_split(path) -> tuple:
 
 
 def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), target_gmm=None,
-                          oracle_gmm=None, **kwargs) -> TargetResult:
+                          oracle_gmm=None, target_adapt=None, head_sources=(), **kwargs) -> TargetResult:
     """:func:`evaluate_target` from files (what ``fedalign dadil-evaluate`` calls).
 
     Parameters
@@ -321,20 +321,21 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
     states : {row name: state file}
     sources : labeled source feature files (.h5), one per source domain
     source_gmms, target_gmm, oracle_gmm : GMM files (.npz)
+    target_adapt : the target's adaptation rows (.h5, read unlabeled): the ``lda`` head
+    head_sources : labeled source files of the ``lda`` head (default: ``sources``)
     kwargs : the remaining arguments of :func:`evaluate_target` (seeds, classifiers, …)
     """
     from fedalign.files import read_features
     from fedalign.gmm import load_gmm
 
     X, y, C, domain = read_test_split(test)
-    srcs = []
-    for p in sources:
-        Xs, ys, _ = read_features(p)
-        if not np.any(ys >= 0):
-            raise FedalignError(f"{p}: source file has no labeled rows")
-        if Xs.shape[1] != X.shape[1]:
-            raise FedalignError(f"{p}: d={Xs.shape[1]}, the test file has d={X.shape[1]}")
-        srcs.append((Xs, ys))
+    srcs, hsrcs = (_read_sources(ps, X.shape[1]) for ps in (sources, head_sources))
+    if target_adapt is not None:
+        Xa, _, _ = read_features(target_adapt)
+        if Xa.shape[1] != X.shape[1]:
+            raise FedalignError(f"{target_adapt}: d={Xa.shape[1]}, the test file has "
+                                f"d={X.shape[1]}")
+        kwargs.update(target_adapt=Xa, head_sources=hsrcs or None)
     sts = {}
     for name, p in (states or {}).items():
         st = load_state(p)
@@ -354,6 +355,21 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
         source_gmms=[gmms[str(p)] for p in source_gmms],
         target_gmm=None if target_gmm is None else gmms[str(target_gmm)],
         oracle_gmm=None if oracle_gmm is None else gmms[str(oracle_gmm)], **kwargs)
+
+
+def _read_sources(paths, d: int) -> list:
+    """[(X, y)] of labeled source files, each of dimension d."""
+    from fedalign.files import read_features
+
+    out = []
+    for p in paths or ():
+        Xs, ys, _ = read_features(p)
+        if not np.any(ys >= 0):
+            raise FedalignError(f"{p}: source file has no labeled rows")
+        if Xs.shape[1] != d:
+            raise FedalignError(f"{p}: d={Xs.shape[1]}, the test file has d={d}")
+        out.append((Xs, ys))
+    return out
 
 
 def _check_state(st, path, d: int, C: int | None, test) -> None:
