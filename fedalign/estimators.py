@@ -204,9 +204,12 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     (:func:`fedalign.gmm.fit_gmm`), learns ``n_atoms`` atoms and every domain's weights α by
     minimising MW2²(P_T, B(α_T)) + Σ_s SMW2²(P_s, B(α_s))
     (:func:`fedalign.dadil.classifiers.centralized_barycenter`), and trains the head on the
-    target's labeled barycenter B(α_T; atoms): ``linear``, logistic regression on
-    ``n_per_class`` samples per class (:func:`fedalign.gmm.train_head_from_gmm`), or ``map``,
-    argmax_c Σ_k P(k | x) V_kc (:func:`fedalign.gmm.map_predict`) — the heads of
+    target's labeled barycenter B(α_T; atoms): ``lda`` (default), the target's own rows
+    pseudo-labeled by B(α_T)'s MAP rule and an LDA of their and the sources' class statistics,
+    its shrinkage chosen by leave-one-source-domain-out (:mod:`fedalign.dadil.target_head`);
+    ``linear``, logistic regression on ``n_per_class`` samples per class
+    (:func:`fedalign.gmm.train_head_from_gmm`); or ``map``, argmax_c Σ_k P(k | x) V_kc
+    (:func:`fedalign.gmm.map_predict`) — the heads of
     :func:`fedalign.dadil.classifiers.gmm_classifier` and of ``fedalign dadil-evaluate``.
 
     Parameters
@@ -214,7 +217,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     components_per_class : k of the source GMMs (the target's has C·k components)
     n_atoms : A, atoms of the dictionary
     n_iter : iterations of the centralized learner
-    classifier : "linear" or "map"
+    classifier : "lda", "linear" or "map"
     n_per_class : samples per class of the linear head
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
@@ -230,7 +233,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     n_features_in_ : d
     """
 
-    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="linear",
+    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="lda",
                  n_per_class=500, class_weights="balanced", var_floor_rel=0.01, seed=0):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms
@@ -283,13 +286,14 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
             opts = dict(components_per_class=int(self.components_per_class), n_classes=C,
                         class_weights=self.class_weights, seed=int(self.seed),
                         var_floor_rel=self.var_floor_rel)
-            gmms = []
+            gmms, labeled_sources = [], []
             for dom in sources:
                 rows = sd == dom
                 enc = np.full(int(rows.sum()), -1, dtype=np.int64)
                 lab = labeled[rows]
                 enc[lab] = np.searchsorted(classes, y[rows][lab])
                 gmms.append(fit_gmm(X[rows], enc, **opts))
+                labeled_sources.append((X[rows][lab], enc[lab]))
             gmms.append(fit_gmm(X[sd == targets[0]], None, **opts))
             B, history = centralized_barycenter(gmms, len(sources), seed=int(self.seed),
                                                 n_atoms=int(self.n_atoms), n_iter=int(self.n_iter))
@@ -297,6 +301,10 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
             if self.classifier == "linear":
                 head = train_head_from_gmm(B, n_per_class=int(self.n_per_class),
                                            seed=int(self.seed))
+            elif self.classifier == "lda":
+                from fedalign.dadil.target_head import fit_target_head
+
+                head = fit_target_head(B, X[sd == targets[0]], labeled_sources, C)
         self.classes_ = classes
         self.source_domains_ = sources
         self.target_domain_ = targets[0].item()
@@ -319,13 +327,17 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         """Class probabilities (n, C), columns in the order of ``classes_``.
 
         ``map``: the barycenter's posteriors Σ_k P(k | x) V_kc; ``linear``: the head's (a class
-        absent from the barycenter's samples gets 0). ``sample_domain`` is accepted and ignored.
+        absent from the barycenter's samples gets 0); ``lda``: the LDA's posteriors. ``sample_domain`` is accepted and ignored.
         """
         from fedalign.gmm import predict_proba
 
         X = self._features(X)
         if self.head_ is None:
             return predict_proba(self.barycenter_, X)
+        if self.classifier == "lda":   # the LDA's class posteriors, softmax of its scores
+            from scipy.special import softmax
+
+            return softmax(self.head_.head.scores(X), axis=1)
         P = np.zeros((len(X), len(self.classes_)))
         P[:, self.head_.classes_] = self.head_.predict_proba(X)
         return P

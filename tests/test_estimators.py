@@ -144,7 +144,7 @@ def test_slotalign_params_and_clone():
 # -- GMMDaDiLClassifier ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head", ["linear", "map"])
+@pytest.mark.parametrize("head", ["linear", "map", "lda"])
 def test_gmm_dadil_classifier_on_rotated_blobs(head):
     X, y, sd, Xt, yt = _rotated_blobs()
     clf = GMMDaDiLClassifier(components_per_class=2, n_iter=30, classifier=head,

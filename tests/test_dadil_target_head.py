@@ -1,0 +1,115 @@
+"""The target's lda head (fedalign.dadil.target_head) and FedCGS's diagonal shrinkage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+from fedalign.dadil import target_head as th
+from fedalign.dadil.evaluation import evaluate_target
+from fedalign.errors import FedalignError
+from fedalign.gmm import fit_gmm, map_predict
+from fedalign.heads import fedcgs
+
+C, D = 3, 6
+
+
+def domain(rng, n, shift, scales):
+    """C shifted blobs with very different per-feature scales."""
+    y = rng.integers(0, C, n)
+    X = (rng.normal(size=(n, D)) + 3.0 * np.eye(C, D)[y] + shift) * scales
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    scales = np.array([1e-2, 1.0, 10.0, 1.0, 1e2, 1.0])
+    srcs = [domain(rng, 150, k * 0.3, scales) for k in range(3)]
+    Xt, yt = domain(rng, 200, 0.45, scales)
+    return srcs, Xt, yt
+
+
+def test_path_heads_equal_fedcgs_at_every_grid_point(data):
+    srcs, _, _ = data
+    msgs = [th.class_statistics(X, y, C) for X, y in srcs]
+    for g, h in zip(th.SHRINKAGE_GRID, th._path_heads(msgs, C, th.SHRINKAGE_GRID)):
+        ref = th.lda_from_statistics(msgs, C, *g)
+        np.testing.assert_allclose(h.W, ref.W, rtol=1e-9, atol=1e-12 * np.abs(ref.W).max())
+        np.testing.assert_allclose(h.b, ref.b, rtol=1e-9, atol=1e-9)
+
+
+def test_diagonal_shrinkage_is_identity_shrinkage_on_standardised_features(data):
+    srcs, Xt, _ = data
+    X = np.vstack([s[0] for s in srcs])
+    y = np.concatenate([s[1] for s in srcs])
+    sd = X.std(0)
+    diag = fedcgs.Config(covariance="within", ridge=0.3, shrink_to="diagonal")
+    ident = fedcgs.Config(covariance="within", ridge=0.3)
+    h_d = fedcgs.server_aggregate([fedcgs.client_update(X, y, C, diag)], C, diag)
+    h_i = fedcgs.server_aggregate([fedcgs.client_update(X / sd, y, C, ident)], C, ident)
+    np.testing.assert_allclose(h_d.scores(Xt), h_i.scores(Xt / sd), rtol=1e-9, atol=1e-9)
+    # and the identity rule is scikit-learn's shrunk LDA on the standardised rows
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage=0.3).fit(X / sd, y)
+    np.testing.assert_array_equal(h_i.predict(Xt / sd), sk.predict(Xt / sd))
+    with pytest.raises(FedalignError, match="shrink_to must be"):
+        fedcgs.Config(shrink_to="ledoit").validate()
+
+
+def test_choose_shrinkage_is_leave_one_source_domain_out(data):
+    srcs, _, _ = data
+    (r, t), rec = th.choose_shrinkage(srcs, C)
+    assert rec["shrinkage_rule"] == "leave-one-source-domain-out"
+    for g, score in zip(th.SHRINKAGE_GRID, rec["scores"]):     # the oracle: fold by fold
+        accs = []
+        for i, (Xi, yi) in enumerate(srcs):
+            others = [th.class_statistics(X, y, C) for j, (X, y) in enumerate(srcs) if j != i]
+            accs.append(np.mean(th.lda_from_statistics(others, C, *g).predict(Xi) == yi))
+        assert score == pytest.approx(np.mean(accs), abs=1e-12)
+    assert rec["scores"][th.SHRINKAGE_GRID.index((r, t))] == max(rec["scores"])
+    assert th.choose_shrinkage(srcs[:1], C)[0] == th.DEFAULT_SHRINKAGE
+
+
+def test_target_head_learns_from_pseudo_labels_and_never_reads_target_labels(data):
+    srcs, Xt, yt = data
+    B = fit_gmm(Xt, yt, 2, n_classes=C, seed=0)           # a barycenter that knows the target
+    h = th.fit_target_head(B, Xt, srcs, C)
+    assert np.mean(h.predict(Xt) == yt) > 0.9
+    assert sum(h.record["pseudo_label_counts"]) == len(Xt) and h.record["n_target_rows"] == len(Xt)
+    # a barycenter that labels the target's clusters wrongly: its pseudo-labels are used
+    # (the head gets worse), the target's true labels are never read
+    bad = fit_gmm(Xt, (yt + 1) % C, 2, n_classes=C, seed=0)
+    hb = th.fit_target_head(bad, Xt, srcs, C)
+    np.testing.assert_array_equal(hb.record["pseudo_label_counts"],
+                                  np.bincount(map_predict(bad, Xt), minlength=C))
+    assert np.mean(hb.predict(Xt) == yt) < np.mean(h.predict(Xt) == yt) - 0.02
+
+
+def test_target_head_bad_inputs(data):
+    srcs, Xt, yt = data
+    B = fit_gmm(Xt, yt, 1, n_classes=C, seed=0)
+    with pytest.raises(FedalignError, match="adaptation rows"):
+        th.fit_target_head(B, Xt[:, :3], srcs, C)
+    with pytest.raises(FedalignError, match="labeled sources"):
+        th.target_rows(Xt, [], C)
+    with pytest.raises(FedalignError, match="d=3"):
+        th.target_rows(Xt, [(srcs[0][0][:, :3], srcs[0][1])], C)
+    with pytest.raises(FedalignError, match="out of range"):
+        th.target_rows(Xt, [(srcs[0][0], srcs[0][1] + C)], C)
+    with pytest.raises(FedalignError, match="no labels"):
+        th.fit_target_head(fit_gmm(Xt, None, 3, seed=0), Xt, srcs, C)
+
+
+def test_evaluate_target_adds_the_lda_rows_only_with_the_target_rows(data):
+    srcs, Xt, yt = data
+    res = evaluate_target(Xt, yt, sources=srcs, oracle_gmm=fit_gmm(Xt, yt, 1, n_classes=C),
+                          target_adapt=Xt, seeds=[0, 1])
+    assert set(res.accuracy["oracle"]) == {"linear", "map", "lda"}
+    assert res.accuracy["oracle"]["lda"][0] == res.accuracy["oracle"]["lda"][1]
+    assert res.records["lda head"]["shrinkage_rule"] == "leave-one-source-domain-out"
+    plain = evaluate_target(Xt, yt, sources=srcs, oracle_gmm=fit_gmm(Xt, yt, 1, n_classes=C))
+    assert set(plain.accuracy["oracle"]) == {"linear", "map"}
+    with pytest.raises(FedalignError, match="lda head needs"):
+        evaluate_target(Xt, yt, sources=srcs, oracle_gmm=fit_gmm(Xt, yt, 1, n_classes=C),
+                        classifiers=["lda"])
