@@ -671,7 +671,7 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
         ex.require(good, f"DeFed round {t}")
         mailbox[t] = {names[n]: good[n].group("atoms") for n in alive}
         for n in alive:
-            state_round[n] = t
+            state_round[n] = max(state_round[n], t)  # ahead: done already
             peers_next[n] = list(good[n].config.get("peers_next") or [])
             drawn_from[n] = set(nxt)
         history.append({names[n]: dict(peers=good[n].config.get("peers"),
