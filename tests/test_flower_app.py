@@ -333,6 +333,32 @@ def test_slot_equals_the_file_pipeline(sites):
     assert rep["warnings"] == [] and rep["domains"] == list(SITES)
 
 
+def test_slot_dp_run_reports_the_privacy_accounting_of_the_file_pipeline(sites):
+    root, nodes = sites
+    out = root / "flower-dp"
+    params = [f"{h}.{k}={v}" for h in ("fedcgs", "fed3r")
+              for k, v in (("dp_epsilon", "1"), ("dp_delta", "1e-5"), ("clip", "12"))]
+    said = []
+    rep = run(LoopbackGrid(nodes), dict(method="slot", out=str(out), heads="fedcgs,fed3r",
+                                        seeds="0-1", params=" ".join(params)), say=said.append)
+    file_slot(root, nodes, root / "files-dp", ("fedcgs", "fed3r"), "0-1", params)
+    ok, line = compare.compare_reports(out / "slot.json", root / "files-dp" / "slot.json")
+    assert ok, line
+    files = json.loads((root / "files-dp" / "slot.json").read_text())
+    for h in ("fedcgs", "fed3r"):
+        mine, theirs = rep["methods"][h]["privacy"], files["methods"][h]["privacy"]
+        assert [e["client"] for e in mine] == list(SITES) and len(theirs) == len(SITES)
+        for a, b in zip(mine, theirs):  # the same record, but for the client's name
+            assert {k: v for k, v in a.items() if k != "client"} == \
+                   {k: v for k, v in b.items() if k != "client"}
+        assert mine[0]["total"] == theirs[0]["total"] and mine[0]["head"] != "exact"
+        assert any(ln.startswith(f"{h}: privacy") for ln in said)
+    # without DP messages, no privacy record (as fedalign evaluate)
+    rep = run(LoopbackGrid(nodes), dict(method="slot", out=str(root / "flower-nodp"),
+                                        heads="fedcgs", seeds="0"), say=lambda *_: None)
+    assert "privacy" not in rep["methods"]["fedcgs"]
+
+
 @pytest.mark.slow
 def test_slot_all_heads_equal_the_file_pipeline(sites):
     root, nodes = sites

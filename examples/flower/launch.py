@@ -195,15 +195,18 @@ class Processes:
 
     def _sample(self) -> None:
         """Every 0.5 s: the largest RSS of one process of each kind (``peak``) and the largest
-        sum over the processes of a kind and over all of them (``peak_total``)."""
+        sum over the processes of a kind and over all of them (``peak_total``; RSS counts the
+        pages of shared libraries in every process, ``pss`` shares them out: the memory the
+        processes take together)."""
         while not self._stop.wait(0.5):
             total: dict = {}
             for pid in self.marked():
-                kind, rss = _kind_and_rss(pid)
+                kind, rss, pss = _kind_and_rss(pid)
                 if kind:
                     self.peak[kind] = max(self.peak.get(kind, 0), rss)
                     total[kind] = total.get(kind, 0) + rss
-            total["all"] = sum(total.values())
+                    total["pss"] = total.get("pss", 0) + pss
+            total["all"] = sum(v for k, v in total.items() if k != "pss")
             for k, v in total.items():
                 self.peak_total[k] = max(self.peak_total.get(k, 0), v)
 
@@ -278,12 +281,18 @@ def _kind_and_rss(pid: int) -> tuple:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return None, 0
+        return None, 0, 0
     names = [Path(a.decode(errors="replace")).name for a in argv[:3]]
     kind = next((k for k in KINDS if k in names), None)
-    rss = next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                if line.startswith("VmRSS:")), 0)
-    return kind, rss
+
+    def field(text, key):
+        return next((int(line.split()[1]) * 1024 for line in text.splitlines()
+                     if line.startswith(key)), 0)
+    try:
+        pss = field(Path(f"/proc/{pid}/smaps_rollup").read_text(), "Pss:")
+    except OSError:
+        pss = 0
+    return kind, field(status, "VmRSS:"), pss
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,7 +580,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     ap.add_argument("--alpha", default="0.5", help="Dirichlet α of the label shift")
     ap.add_argument("--seed", type=int, default=0, help="partition seed")
-    ap.add_argument("--test-fraction", type=float, default=0.2)
+    ap.add_argument("--test-fraction", type=float, default=0.3,
+                    help="stratified test split per domain (fedalign partition's)")
     ap.add_argument("--min-rows", type=int, default=10, help="fewest rows a site may get")
     ap.add_argument("--gmm-k", type=int, default=2, help="GMM components per class")
     ap.add_argument("--tau", type=float, default=None, help="geodesic time (default: fedalign's)")

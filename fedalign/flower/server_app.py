@@ -390,7 +390,7 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     jobs = [dict(id=f"{h}/s{seed}", method=h, seed=int(seed)) for h in methods for seed in seeds]
     init = {j["id"]: lib.head_server_init(j["method"], params.get(j["method"]), d, C, j["seed"])
             for j in jobs}
-    built = {}
+    built, steps = {}, {}
     for r in range(max(rounds.values()) if rounds else 0):
         active = [j for j in jobs if rounds[j["method"]] > r]
         reqs = {}
@@ -414,6 +414,9 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
         good = ex.keep(replies, "federation", check)
         order = [n for n in order if n in good]
         ex.require(good, f"heads round {r}" + (" (with the alignment)" if r == 0 else ""))
+        for n in order:
+            if r == 0:
+                steps[n] = good[n].config.get("align_step")
         for j in active:
             msgs = [{k: _scalar(v) for k, v in good[n].group(f"msg/{j['id']}/r{r}").items()}
                     for n in order]
@@ -447,7 +450,9 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
         per_seed = [{dom: float(cfg["accuracy"][f"{h}/s{seed}"]) for dom, (_, cfg) in domains.items()}
                     for seed in seeds]
         cfg = lib.head_config(h, params.get(h))[1]
-        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, config_record(cfg)))
+        privacy = _privacy(clients, order, steps, built[f"{h}/s{seeds[-1]}"])
+        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, config_record(cfg),
+                                    privacy=privacy))
     timing["evaluate"] = time.perf_counter() - t1
     timing["total"] = time.perf_counter() - t0
 
@@ -468,7 +473,27 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     )
     _write_json(out / "slot.json", report)
     ex.say(_accuracy_lines(results, list(domains)))
+    from fedalign.evaluate import privacy_lines
+
+    for r in results:
+        for line in privacy_lines(r):
+            ex.say(line)
     return report
+
+
+def _privacy(clients: dict, order: list, steps: dict, head) -> list:
+    """Each client's privacy over one run, as ``fedalign evaluate`` reports it
+    (:func:`fedalign.evaluate.privacy_of`): its statistics' release record (the ``align`` step
+    its node named) composed with its head message (the head's DP record, that of the last
+    seed, as the file pipeline's). Empty when nothing is a DP release."""
+    from types import SimpleNamespace
+
+    from fedalign.evaluate import privacy_of
+
+    sites = [SimpleNamespace(name=clients[n],
+                             provenance={"history": [steps[n]] if steps.get(n) else []})
+             for n in order]
+    return privacy_of(sites, getattr(head, "info", {}).get("dp"))
 
 
 def _dropped(ex: Exchange) -> list:
