@@ -161,12 +161,13 @@ class Processes:
     detached them from their parent. A thread samples the resident memory of each kind.
     """
 
-    def __init__(self, logs: Path, env: dict):
+    def __init__(self, logs: Path, env: dict, min_free: int = 0):
         self.logs, self.procs = logs, []
         self.token = f"fedalign-launch-{os.getpid()}-{time.monotonic_ns()}"
         self.env = dict(env, FEDALIGN_FLOWER_TOKEN=self.token)
         self.peak: dict = {}
         self.peak_total: dict = {}
+        self.min_free, self.out_of_memory = min_free, False
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -207,6 +208,11 @@ class Processes:
                     total[kind] = total.get(kind, 0) + rss
                     total["pss"] = total.get("pss", 0) + pss
             total["all"] = sum(v for k, v in total.items() if k != "pss")
+            if _mem_available() < self.min_free:  # stop before the machine runs out
+                self.out_of_memory = True
+                for p, _, _ in self.procs:
+                    _signal_group(p.pid, signal.SIGKILL)
+                return
             for k, v in total.items():
                 self.peak_total[k] = max(self.peak_total.get(k, 0), v)
 
@@ -247,6 +253,17 @@ class Processes:
             f.close()
         time.sleep(0.2)
         return self.marked()
+
+
+def _mem_available() -> int:
+    """MemAvailable of /proc/meminfo, in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
 
 
 def _alive(pid: int) -> bool:
@@ -335,7 +352,8 @@ def partition(args, files: list, target: str, out: Path) -> tuple[list, dict]:
     for dom in use:  # the rows a site would get before any label shift
         per_site = int(info[dom][0] * (1 - args.test_fraction)) // m
         if per_site < args.min_rows:
-            raise LaunchError(f"N={args.n} needs {m} clients of domain {dom}, {per_site} rows each "
+            raise LaunchError(f"N={args.n} is more sites than the rows allow: {m} clients of "
+                              f"domain {dom} would get {per_site} rows each "
                               f"({info[dom][0]} labeled rows, test fraction "
                               f"{args.test_fraction:g}): fewer than --min-rows={args.min_rows}")
     data = out / "data"
@@ -525,7 +543,7 @@ def launch(args) -> int:
     path = os.pathsep.join([str(Path(shutil.which("flwr")).parent), os.environ.get("PATH", "")])
     env = dict(os.environ, FLWR_HOME=str(out / "flwr-home"), PATH=path,
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    procs = Processes(out / "logs", env)
+    procs = Processes(out / "logs", env, int(args.min_free_gib * 2 ** 30))
     status = 1
     try:
         say(f"Flower: a SuperLink and {len(sites)} SuperNodes on 127.0.0.1", t0)
@@ -555,6 +573,12 @@ def launch(args) -> int:
         (out / "metrics.json").write_text(json.dumps(
             metrics(args, sites, fl, procs, times, loads), indent=1) + "\n")
         status = 0 if all(ok for ok, _ in checks) else 1
+    except RuntimeError:
+        if procs.out_of_memory:
+            raise RuntimeError(f"stopped: less than {args.min_free_gib:g} GiB of memory left "
+                               f"with {len(sites)} sites (peak RSS of all processes "
+                               f"{procs.peak_total.get('all', 0) / 2 ** 30:.1f} GiB)") from None
+        raise
     finally:
         survivors = procs.stop()
         print(f"launch: stopped the SuperLink and {len(sites)} SuperNodes", flush=True)
@@ -595,6 +619,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds per exchange before a site counts as dropped")
     ap.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per flwr run")
+    ap.add_argument("--min-free-gib", type=float, default=2.0,
+                    help="stop every process when the machine has less memory available")
     return ap
 
 
