@@ -331,8 +331,9 @@ def test_defed_goes_on_without_a_killed_supernode_and_takes_it_back(lossy, one_t
     assert lost["missed"] == labels[labels.index(lost["lost_at"]):]
     assert rep["clients"] == ["blocky", "ink"] and sorted(p.name for p in out.iterdir()) == [
         "defed-lost.json"]
-    for rec in rep["rounds_record"][t - 1:]:  # rounds t… : only the others, never from it
+    for rec in rep["rounds_record"][t - 1:]:  # rounds t…: only the others took part
         assert sorted(rec) == ["blocky", "ink"]
+    for rec in rep["rounds_record"][t:]:  # and after round t none got atoms from it
         assert all(LOST not in (r["peers"] or []) for r in rec.values())
     if t < 3:  # the peers that had named it for round t + 1 drew again
         assert f"redraw before round {t + 1}" in labels

@@ -460,15 +460,13 @@ def flower_run(procs: Processes, name: str, config: dict, report: Path, timeout:
                     if isinstance(v, bool) else f"{k}={v}" for k, v in config.items())
     t = time.monotonic()
     log = procs.logs / f"flwr-{name}.log"
-    with open(log, "w") as f:
-        p = procs.start(f"flwr-{name}.stdout", [shutil.which("flwr"), "run", str(HERE), "local",
-                                               "--stream", "--run-config", over])
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(p.pid, signal.SIGTERM)
-            p.wait(10)
-        f.write((procs.logs / f"flwr-{name}.stdout").read_text(errors="replace"))
+    p = procs.start(log.name, [shutil.which("flwr"), "run", str(HERE), "local", "--stream",
+                               "--run-config", over])
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(p.pid, signal.SIGTERM)
+        p.wait(10)
     for line in log.read_text(errors="replace").splitlines():
         if any(w in line for w in ("INFO", "WARNING", "ERROR")) and not any(
                 w in line for w in ("Start", "logstream", "installed")):

@@ -642,7 +642,8 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
         start = min(state_round.values())
         behind = [names[n] for n in alive if state_round[n] < max(state_round.values())]
         if max(state_round.values()) - start > 1:  # a node that was lost, back again
-            ex.say(f"DeFed {fed}: {', '.join(behind)} catch up from round "
+            verb = "catches" if len(behind) == 1 else "catch"
+            ex.say(f"DeFed {fed}: {', '.join(behind)} {verb} up from round "
                    f"{start} on, with the atoms the others published in those rounds")
         resumed = True
         shape = _majority(tuple(hello[n].config.get("shape") or ()) for n in alive)
