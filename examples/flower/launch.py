@@ -349,8 +349,9 @@ def partition(args, files: list, target: str, out: Path) -> tuple[list, dict]:
     if target not in info:
         raise LaunchError(f"--target {target!r} is none of the domains ({', '.join(doms)})")
     use, m = plan_sites(doms, target, args.n)
-    for dom in use:  # the rows a site would get before any label shift
-        per_site = int(info[dom][0] * (1 - args.test_fraction)) // m
+    for dom in use:  # the rows a site gets on average: a class's fractions are drawn over
+        # all D·M clients, each keeps its share of its own domain's pool (fedalign partition)
+        per_site = int(info[dom][0] * (1 - args.test_fraction)) // (m * len(use))
         if per_site < args.min_rows:
             raise LaunchError(f"N={args.n} is more sites than the rows allow: {m} clients of "
                               f"domain {dom} would get {per_site} rows each "
