@@ -1,4 +1,4 @@
-"""The small option grammars both front ends read: seeds, head parameters, shrinkage, α.
+"""The small option grammars both front ends read: seeds, head parameters, shrinkage, α, yes/no.
 
 The command line (:mod:`fedalign.cli.options`) and the Flower run config
 (:mod:`fedalign.flower.server_app`) read ``0-4`` seeds and ``METHOD.KEY=VALUE`` parameters

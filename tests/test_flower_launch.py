@@ -82,7 +82,7 @@ def test_bad_input_is_one_error_line_and_nothing_starts(tmp_path):
 
 
 SMALL = ("--heads", "fedcgs", "--seeds", "0", "--rounds", "1", "--local-steps", "1",
-         "--n-components", "2", "--min-rows", "5", "--timeout", "150")
+         "--n-components", "6", "--min-rows", "5", "--timeout", "150")
 
 
 @pytest.mark.slow

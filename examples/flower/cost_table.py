@@ -5,7 +5,7 @@ Each ``metrics.json`` is what ``launch.py`` writes after a run (times and bytes 
 ServerApp's reports — every exchange's wall time and bytes both ways — and the resident memory
 of each kind of process, sampled every 0.5 s)::
 
-    python examples/flower/make_features.py -o feats --rows 400 -d 8
+    python examples/flower/make_features.py -o feats --rows 1200 -d 8   # 3 domains, C = 3
     for n in 3 10 20; do
         python examples/flower/launch.py -n $n feats/*.h5 -o runs/n$n --seeds 0 --rounds 3 \\
             --local-steps 2 --n-components 6

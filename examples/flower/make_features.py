@@ -2,7 +2,7 @@
 """Small labeled features files for the launcher's cost runs: D domains of Gaussian classes,
 each domain shifted and scaled (a few hundred rows, low d: a run of 20 sites fits in minutes).
 
-    python examples/flower/make_features.py -o feats/ --domains 3 --rows 300 -d 8 --classes 3
+    python examples/flower/make_features.py -o feats/ --domains 3 --rows 1200 -d 8 --classes 3
 """
 
 from __future__ import annotations
