@@ -81,8 +81,8 @@ def test_bad_input_is_one_error_line_and_nothing_starts(tmp_path):
         bad(tmp_path, "-n", 2, a, b, "--port", s.getsockname()[1], match="is in use")
 
 
-SMALL = ("--heads", "fedcgs", "--seeds", "0", "--rounds", "1", "--local-steps", "1",
-         "--n-components", "6", "--min-rows", "5", "--timeout", "150")
+SMALL = ("--heads", "fedcgs", "--seeds", "0", "--rounds", "2", "--local-steps", "2",
+         "--n-components", "6", "--min-rows", "5", "--timeout", "150", "--alpha", "5")
 
 
 @pytest.mark.slow
