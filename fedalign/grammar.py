@@ -1,4 +1,4 @@
-"""The small option grammars both front ends read: seeds, head parameters, shrinkage, α.
+"""The small option grammars both front ends read: seeds, head parameters, shrinkage, α, yes/no.
 
 The command line (:mod:`fedalign.cli.options`) and the Flower run config
 (:mod:`fedalign.flower.server_app`) read ``0-4`` seeds and ``METHOD.KEY=VALUE`` parameters
@@ -47,6 +47,23 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
         raise FedalignError(f"{flag}: seeds must be ≥ 0 (numpy's generators take no negative "
                             f"seed), got {min(seeds)}")
     return sorted(set(seeds))
+
+
+#: The words a yes/no option takes (any case), and their values.
+BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True,
+              "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_bool(value, flag: str = "option") -> bool:
+    """``true``/``yes``/``on``/``1`` → True, ``false``/``no``/``off``/``0`` → False (any case);
+    a bool stays itself; any other word is an error (never silently False)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word not in BOOL_WORDS:
+        raise FedalignError(f"{flag}: expected true or false (or yes/no, on/off, 1/0), "
+                            f"got {value!r}")
+    return BOOL_WORDS[word]
 
 
 def parse_params(values, flag: str = "--param") -> dict:

@@ -126,6 +126,37 @@ def file_defed(nodes, fed, rounds, strategy, steps=2, K=6, skip=None):
             federation_paths(fed, skip[t], t)[1].unlink()
 
 
+def defed_lost_files(nodes, fed: Path, lost: str, k: int, t: int, rounds: int, rejoin: int):
+    """The file pipeline of a client lost in round t (its state has k ∈ {t−1, t} rounds: a
+    round-t it did but never delivered is hidden from the others) that later catches up —
+    late ``dadil-round`` runs on the round folders — and a federation that goes on to round
+    ``rejoin`` with it."""
+    from fedalign.dadil import federation_paths
+
+    def one(n, r):
+        sp, ap = federation_paths(fed, n["name"], r)
+        ap.parent.mkdir(parents=True, exist_ok=True)
+        cli("dadil-round", "--state", sp, "--strategy", "aggregation", "--local-steps", 2,
+            "--client", n["name"], "-o", ap, *sorted((fed / f"round_{r - 1:03d}").glob("*.atoms.npz")))
+
+    file_defed(nodes, fed, 0, "aggregation")
+    x = next(n for n in nodes if n["name"] == lost)
+    hidden = None
+    for r in range(1, rounds + 1):
+        for n in nodes:
+            if n is not x or r <= k:
+                one(n, r)
+        if r == k == t:  # the round the lost node did but never delivered
+            ap = federation_paths(fed, lost, r)[1]
+            hidden = ap.with_suffix(".hidden")
+            ap.rename(hidden)
+    if hidden is not None:
+        hidden.rename(hidden.with_suffix(".npz"))
+    for r in range(k + 1, rejoin + 1):  # it catches up, then everyone goes on
+        for n in ([x] if r <= rounds else nodes):
+            one(n, r)
+
+
 def node_fed(nodes, name, fed):
     return next(handlers.Node.from_config(n) for n in nodes if n["name"] == name).dir / "dadil" / fed
 
@@ -177,6 +208,19 @@ def test_settings_from_run_config():
         Settings.from_run_config({})
     with pytest.raises(FedalignError, match="method must be slot or defed"):
         Settings.from_run_config({"out": "/x", "method": "fedavg"})
+
+
+def test_run_config_booleans_and_tau_follow_the_command_line():
+    from fedalign.defaults import TAU
+    from fedalign.grammar import BOOL_WORDS
+
+    for word, value in BOOL_WORDS.items():
+        assert Settings.from_run_config({"out": "/x", "fresh": word.upper()}).fresh is value
+    assert Settings.from_run_config({"out": "/x", "fresh": True}).fresh is True
+    for bad in ("ture", "", "2", "maybe"):  # an unknown word is an error, never False
+        with pytest.raises(FedalignError, match="run config fresh: expected true or false"):
+            Settings.from_run_config({"out": "/x", "fresh": bad})
+    assert Settings(out="/x").tau == TAU
 
 
 def test_project_config_lists_every_setting():
@@ -287,6 +331,32 @@ def test_slot_equals_the_file_pipeline(sites):
     fa = rep["communication"]["fedavg_linear_head"]
     assert fa["per_round"] == fedavg_bytes(C, D) and fa["per_round"]["sent"] > 4 * C * (D + 1)
     assert rep["warnings"] == [] and rep["domains"] == list(SITES)
+
+
+def test_slot_dp_run_reports_the_privacy_accounting_of_the_file_pipeline(sites):
+    root, nodes = sites
+    out = root / "flower-dp"
+    params = [f"{h}.{k}={v}" for h in ("fedcgs", "fed3r")
+              for k, v in (("dp_epsilon", "1"), ("dp_delta", "1e-5"), ("clip", "12"))]
+    said = []
+    rep = run(LoopbackGrid(nodes), dict(method="slot", out=str(out), heads="fedcgs,fed3r",
+                                        seeds="0-1", params=" ".join(params)), say=said.append)
+    file_slot(root, nodes, root / "files-dp", ("fedcgs", "fed3r"), "0-1", params)
+    ok, line = compare.compare_reports(out / "slot.json", root / "files-dp" / "slot.json")
+    assert ok, line
+    files = json.loads((root / "files-dp" / "slot.json").read_text())
+    for h in ("fedcgs", "fed3r"):
+        mine, theirs = rep["methods"][h]["privacy"], files["methods"][h]["privacy"]
+        assert [e["client"] for e in mine] == list(SITES) and len(theirs) == len(SITES)
+        for a, b in zip(mine, theirs):  # the same record, but for the client's name
+            assert {k: v for k, v in a.items() if k != "client"} == \
+                   {k: v for k, v in b.items() if k != "client"}
+        assert mine[0]["total"] == theirs[0]["total"] and mine[0]["head"] != "exact"
+        assert any(ln.startswith(f"{h}: privacy") for ln in said)
+    # without DP messages, no privacy record (as fedalign evaluate)
+    rep = run(LoopbackGrid(nodes), dict(method="slot", out=str(root / "flower-nodp"),
+                                        heads="fedcgs", seeds="0"), say=lambda *_: None)
+    assert "privacy" not in rep["methods"]["fedcgs"]
 
 
 @pytest.mark.slow
@@ -472,6 +542,41 @@ def test_defed_missing_peer_is_skipped(fresh_sites):
     for c in ("blocky", "ink"):
         ok, line = compare.compare_federations(node_fed(nodes, c, "replacement"),
                                                root / "files" / "replacement")
+        assert ok, line
+
+
+def test_defed_lost_client_comes_back_and_catches_up(fresh_sites):
+    """neon's replies stop after round 1 (it did round 2, never delivered); the others go on to
+    round 4; back, it runs the rounds it missed from the atoms the others published, as late
+    ``dadil-round`` runs on the round folders would; the report names what it missed."""
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        return None if nid == 1003 and mtype == m.DADIL_ROUND and tamper.rounds > 1 else reply
+
+    def count(nid, mtype, reply):
+        tamper.rounds += nid == 1003 and mtype == m.DADIL_ROUND
+        return tamper(nid, mtype, reply)
+
+    tamper.rounds = 0
+    grid.tamper = count
+    rep = defed(grid, root, rounds=4, timeout=0.5)
+    labels = [e["label"] for e in rep["exchanges"]]
+    assert rep["clients"] == ["blocky", "ink"]
+    assert rep["dropped"] == [dict(client="neon", node="1003", lost_at="round 2",
+                                   reason=rep["dropped"][0]["reason"],
+                                   missed=["round 2", "redraw before round 3", "round 3", "round 4"])]
+    assert labels == ["hello", "round 0", "round 1", "round 2", "redraw before round 3",
+                      "round 3", "round 4"]
+    e = rep["exchanges"][3]
+    assert (e["nodes"], e["answered"]) == (3, 2) and e["sent"] > 0 and e["received"] > 0
+    rep2 = defed(LoopbackGrid(nodes), root, rounds=5)
+    assert rep2["resumed"] and rep2["started_at_round"] == 2 and rep2["clients"] == list(SITES)
+    defed_lost_files(nodes, root / "files" / "aggregation", "neon", 2, 2, 4, 5)
+    for n in nodes:
+        ok, line = compare.compare_federations(node_fed(nodes, n["name"], "aggregation"),
+                                               root / "files" / "aggregation")
         assert ok, line
 
 

@@ -5,6 +5,7 @@
     python -m fedalign.flower.compare --ref out/flower/ref.npz out/files/ref.npz \\
         --slot out/flower/slot.json out/files/slot.json \\
         --defed NODE_DIR/dadil/aggregation FILES_DIR/aggregation [--defed …]   (one per node)
+        --target out/flower/defed-aggregation.json out/files/defed-aggregation.json
 
 prints one line per check and exits 1 when one fails. The reference must agree to ``--atol``
 (1e-8); accuracies must be equal per domain and seed; every DaDiL state and published atoms
@@ -58,6 +59,20 @@ def compare_reports(a, b) -> tuple[bool, str]:
     if diffs:
         return False, f"accuracy: {len(diffs)} of {n} differ: " + "; ".join(diffs[:5])
     return True, f"accuracy: {n} per-domain, per-seed values equal ({', '.join(common)})"
+
+
+def compare_target_reports(a, b) -> tuple[bool, str]:
+    """The DeFed target's accuracies of two ``dadil-evaluate``-layout reports (the app's
+    ``defed-FEDERATION.json`` and the file pipeline's): equal rows, seeds and values."""
+    ra, rb = (json.loads(Path(p).read_text()) for p in (a, b))
+    diffs = [k for k in ("domain", "seeds", "rows", "accuracy") if ra.get(k) != rb.get(k)]
+    if "accuracy" not in ra or "accuracy" not in rb:
+        return False, "DeFed accuracy: a report has no target accuracy"
+    n = sum(len(v) for row in ra["accuracy"].values() for v in row.values())
+    if diffs:
+        return False, f"DeFed accuracy: {', '.join(diffs)} differ"
+    return True, (f"DeFed accuracy: {n} per-seed values of target {ra.get('domain')} equal "
+                  f"({', '.join(r[2] for r in ra['rows'])})")
 
 
 def _same_arrays(x: dict, y: dict, keys) -> list:
@@ -145,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", nargs=2, metavar=("FLOWER", "FILES"))
     ap.add_argument("--slot", nargs=2, metavar=("FLOWER", "FILES"))
     ap.add_argument("--defed", nargs=2, action="append", default=[], metavar=("FLOWER", "FILES"))
+    ap.add_argument("--target", nargs=2, metavar=("FLOWER", "FILES"),
+                    help="the DeFed target's accuracy reports")
     ap.add_argument("--comm", nargs="+", default=[], metavar="REPORT",
                     help="print the bytes per client of these run reports")
     ap.add_argument("--atol", type=float, default=1e-8)
@@ -155,6 +172,8 @@ def main(argv=None) -> int:
             checks.append(compare_references(*args.ref, atol=args.atol))
         if args.slot:
             checks.append(compare_reports(*args.slot))
+        if args.target:
+            checks.append(compare_target_reports(*args.target))
         for a, b in args.defed:
             checks.append(compare_federations(a, b))
         comm = communication_lines(args.comm) if args.comm else []

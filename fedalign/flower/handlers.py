@@ -157,13 +157,15 @@ def heads(p: Payload, node: Node) -> Payload:
     Config: ``jobs`` [{id, method, params, seed, k, round}], ``n_classes``; arrays: ``init/ID``
     the server's broadcast of that job (O-FedAvg's start), absent for one-shot aggregates.
     Only labeled rows train (as ``fedalign evaluate``). With the reference (the first
-    round), the node aligns its files first (:func:`align`).
+    round), the node aligns its files first (:func:`align`). The reply names the ``align``
+    step of its train file's provenance (its statistics' release record) for the server's
+    privacy accounting.
     """
     aligned = {}
     if p.group(REFERENCE):
         aligned = align(p, node).config
-    X, y, _ = lib.read_features(node.slot_path("train") if p.config.get("aligned", True)
-                                else node.need("train"))
+    X, y, info = lib.read_features(node.slot_path("train") if p.config.get("aligned", True)
+                                   else node.need("train"))
     keep = y >= 0
     X, y = X[keep], y[keep]
     if not len(y):
@@ -175,7 +177,10 @@ def heads(p: Payload, node: Node) -> Payload:
         msg = lib.head_client_update(job["method"], job.get("params"), X, y, C, int(job["seed"]),
                                      int(job["k"]), int(job["round"]), init)
         out[f"msg/{job['id']}"] = {k: np.asarray(v) for k, v in msg.items()}
-    return Payload(out, dict(aligned, client=node.name))
+    # the release record of its statistics (the align step of its train file's provenance:
+    # digests and DP records, no data), for the server's privacy accounting
+    steps = [h for h in info["provenance"].get("history", []) if h.get("step") == "align"]
+    return Payload(out, dict(aligned, client=node.name, align_step=steps[-1] if steps else None))
 
 
 def _init_of(arrays: dict):

@@ -33,7 +33,12 @@ Faults: a node that does not answer within ``timeout`` or whose reply is refused
 wrong shape, NaN/Inf, non-SPD covariance) is dropped with one warning naming it; the run goes
 on while at least ``min-clients`` remain, else it stops with those messages. In gossip a
 dropped peer is skipped: clients that had named it draw again from the clients that did
-publish. A server restarted between rounds resumes from the nodes' states.
+publish. A server restarted between rounds resumes from the nodes' states; a node that was
+lost and comes back (its state some rounds behind) catches up: it runs the rounds it missed,
+each with the atoms its peers published in that round (their own files, ``query.dadil_atoms``),
+as a late ``fedalign dadil-round`` on the round folders would. Both reports record every
+exchange (``exchanges``: seconds, bytes both ways, nodes that answered) and every client lost
+(``dropped``: where, why, and the exchanges it missed).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign.defaults import TAU
 from fedalign.flower import _lib as lib
 from fedalign.flower import handlers
 from fedalign.flower import messages as m
@@ -68,7 +74,7 @@ class Settings:
     timeout: float = 600.0           # seconds per exchange before a node counts as dropped
     poll: float = 0.2                # seconds between polls for replies
     # SLOT-Align
-    tau: float = 0.4
+    tau: float = TAU                 # fedalign.defaults.TAU (the command line's --tau)
     heads: str = "fedcgs,fedpft,fed3r,ofedavg"
     seeds: str = "0"
     params: str = ""                 # METHOD.KEY=VALUE … (as fedalign evaluate --param)
@@ -91,6 +97,8 @@ class Settings:
 
     @classmethod
     def from_run_config(cls, cfg) -> "Settings":
+        from fedalign.grammar import parse_bool
+
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kw = {}
         for key, value in dict(cfg or {}).items():
@@ -100,8 +108,8 @@ class Settings:
                                         f"{', '.join(k.replace('_', '-') for k in fields)})")
             default = fields[name].default
             try:
-                if isinstance(default, bool):
-                    kw[name] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+                if isinstance(default, bool):  # the command line's one rule: no other word
+                    kw[name] = parse_bool(value, f"run config {key}")
                 else:
                     kw[name] = type(default)(value)
             except (TypeError, ValueError):
@@ -160,6 +168,11 @@ class Exchange:
         self.names: dict = {}
         self.comm: dict = {}
         self.warnings: list = []
+        #: one entry per :meth:`ask`: stage, label, nodes asked, answers, seconds, bytes
+        self.exchanges: list = []
+        #: {client: {"node", "lost_at", "reason"}} of the clients dropped during the run
+        self.dropped: dict = {}
+        self._label, self._received = "", 0
 
     def label(self, nid) -> str:
         return node_label(nid, self.names.get(nid))
@@ -195,17 +208,22 @@ class Exchange:
         book.setdefault(stage, {"sent": 0, "received": 0, "messages": 0})["messages"] += \
             1 if direction == "sent" else 0
 
-    def ask(self, requests: dict, stage: str) -> dict:
+    def ask(self, requests: dict, stage: str, label: str = "") -> dict:
         """Send {node id: (message type, Payload)}; return {node id: Payload | NodeReplyError}.
 
         A node that does not answer within ``timeout``, whose ClientApp failed or that
-        reported an error gets a :class:`NodeReplyError`.
+        reported an error gets a :class:`NodeReplyError`. The exchange's wall time and bytes
+        (both ways; every byte passes through the SuperLink) go to :attr:`exchanges`.
         """
         from flwr.app import Message
 
+        t0 = time.perf_counter()
+        self._label, self._received = label or stage, 0
         msgs, by_id = [], {}
+        sent = 0
         for nid, (mtype, payload) in requests.items():
             rd = m.to_recorddict(payload)
+            sent += m.payload_bytes(rd)
             self._count(nid, rd, stage, "sent")
             msgs.append(Message(rd, dst_node_id=int(nid), message_type=mtype, group_id=stage,
                                 ttl=max(self.s.timeout + 60.0, 120.0)))
@@ -227,6 +245,11 @@ class Exchange:
             if nid not in out:
                 out[nid] = NodeReplyError(self.label(nid), f"no reply to {requests[nid][0]} "
                                                            f"within {self.s.timeout:g} s (dropped out)")
+        self.exchanges.append(dict(stage=stage, label=self._label, nodes=len(requests),
+                                   answered=sum(not isinstance(r, NodeReplyError)
+                                                for r in out.values()),
+                                   seconds=time.perf_counter() - t0, sent=int(sent),
+                                   received=int(self._received)))
         return out
 
     def _read(self, nid, reply, stage, mtype):
@@ -234,6 +257,7 @@ class Exchange:
             reason = " ".join(str(reply.error.reason).split())[-300:]
             return NodeReplyError(self.label(nid), f"the ClientApp failed on {mtype}: {reason}")
         self._count(nid, reply.content, stage, "received")
+        self._received += m.payload_bytes(reply.content)
         try:
             p = m.from_recorddict(reply.content)
         except Exception as e:  # an unreadable reply
@@ -266,6 +290,9 @@ class Exchange:
                     r = e
             if isinstance(r, NodeReplyError):
                 self.warn(f"{r} — dropped from the {what}")
+                client = self.names.get(nid, str(nid))
+                self.dropped.setdefault(client, dict(node=str(nid), lost_at=self._label,
+                                                     reason=str(r)))
                 continue
             good[nid] = r
         return good
@@ -328,7 +355,7 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     nodes = ex.wait_for_nodes()
     ex.say(f"SLOT-Align: {len(nodes)} nodes; stats query")
     replies = ex.ask({n: (m.STATS, Payload({}, dict(shrinkage=s.shrinkage))) for n in nodes},
-                     "slot-align")
+                     "slot-align", "stats")
     ok = {n: r for n, r in replies.items() if not isinstance(r, NodeReplyError)}
     d = _majority(int(r.config.get("d", -1)) for r in ok.values())
     names = _majority(tuple(r.config.get("class_names") or []) for r in ok.values())
@@ -363,7 +390,7 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     jobs = [dict(id=f"{h}/s{seed}", method=h, seed=int(seed)) for h in methods for seed in seeds]
     init = {j["id"]: lib.head_server_init(j["method"], params.get(j["method"]), d, C, j["seed"])
             for j in jobs}
-    built = {}
+    built, steps = {}, {}
     for r in range(max(rounds.values()) if rounds else 0):
         active = [j for j in jobs if rounds[j["method"]] > r]
         reqs = {}
@@ -377,7 +404,7 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
                 arrays[handlers.REFERENCE] = {"mean": ref.mean, "covariance": ref.covariance}
                 cfg.update(tau=s.tau, reference_sha256=sha)
             reqs[nid] = (m.HEADS, Payload(arrays, cfg))
-        replies = ex.ask(reqs, "head-jobs")
+        replies = ex.ask(reqs, "head-jobs", f"heads round {r}")
 
         def check(nid, p, active=active, r=r):
             for j in active:
@@ -387,6 +414,9 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
         good = ex.keep(replies, "federation", check)
         order = [n for n in order if n in good]
         ex.require(good, f"heads round {r}" + (" (with the alignment)" if r == 0 else ""))
+        for n in order:
+            if r == 0:
+                steps[n] = good[n].config.get("align_step")
         for j in active:
             msgs = [{k: _scalar(v) for k, v in good[n].group(f"msg/{j['id']}/r{r}").items()}
                     for n in order]
@@ -420,7 +450,9 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
         per_seed = [{dom: float(cfg["accuracy"][f"{h}/s{seed}"]) for dom, (_, cfg) in domains.items()}
                     for seed in seeds]
         cfg = lib.head_config(h, params.get(h))[1]
-        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, config_record(cfg)))
+        privacy = _privacy(clients, order, steps, built[f"{h}/s{seeds[-1]}"])
+        results.append(MethodResult(h, [int(x) for x in seeds], per_seed, config_record(cfg),
+                                    privacy=privacy))
     timing["evaluate"] = time.perf_counter() - t1
     timing["total"] = time.perf_counter() - t0
 
@@ -436,11 +468,45 @@ def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
                  for n in order],
         methods={r.method: r.to_json() for r in results},
         communication=_comm_report(ex, methods, C, d, s.fedavg_rounds),
+        dropped=_dropped(ex), exchanges=list(ex.exchanges),
         warnings=list(ex.warnings), timing_s=timing, settings=dataclasses.asdict(s),
     )
     _write_json(out / "slot.json", report)
     ex.say(_accuracy_lines(results, list(domains)))
+    from fedalign.evaluate import privacy_lines
+
+    for r in results:
+        for line in privacy_lines(r):
+            ex.say(line)
     return report
+
+
+def _privacy(clients: dict, order: list, steps: dict, head) -> list:
+    """Each client's privacy over one run, as ``fedalign evaluate`` reports it
+    (:func:`fedalign.evaluate.privacy_of`): its statistics' release record (the ``align`` step
+    its node named) composed with its head message (the head's DP record, that of the last
+    seed, as the file pipeline's). Empty when nothing is a DP release."""
+    from types import SimpleNamespace
+
+    from fedalign.evaluate import privacy_of
+
+    sites = [SimpleNamespace(name=clients[n],
+                             provenance={"history": [steps[n]] if steps.get(n) else []})
+             for n in order]
+    return privacy_of(sites, getattr(head, "info", {}).get("dp"))
+
+
+def _dropped(ex: Exchange) -> list:
+    """The clients lost during the run: where, why, and the exchanges they missed (the one
+    they were lost in and every later one)."""
+    labels = [e["label"] for e in ex.exchanges]
+    out = []
+    for client, e in sorted(ex.dropped.items()):
+        i = labels.index(e["lost_at"]) if e["lost_at"] in labels else len(labels)
+        missed = list(dict.fromkeys(labels[i:]))
+        out.append(dict(client=client, node=e["node"], lost_at=e["lost_at"], reason=e["reason"],
+                        missed=missed))
+    return out
 
 
 def _find_n(stats, order, nid):
@@ -540,7 +606,8 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
         if not p.config.get("has_gmm"):
             raise NodeReplyError(ex.label(nid), "has no gmm='…' in its node config")
 
-    hello = ex.keep(ex.ask({n: (m.HELLO, Payload({}, dict(base))) for n in nodes}, "defed"),
+    hello = ex.keep(ex.ask({n: (m.HELLO, Payload({}, dict(base))) for n in nodes}, "defed",
+                           "hello"),
                     "federation", has_gmm)
     names = {n: p.config["client"] for n, p in hello.items()}
     if len(set(names.values())) < len(names):
@@ -560,7 +627,7 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
                     n_components=s.n_components or None)
         reqs = {n: (m.DADIL_INIT, Payload({}, dict(base, init=init, force=bool(s.fresh),
                                                    next_candidates=everyone))) for n in alive}
-        replies = ex.ask(reqs, "defed")
+        replies = ex.ask(reqs, "defed", "round 0")
         ok = [r for r in replies.values() if not isinstance(r, NodeReplyError)]
         shape = _majority(tuple(r.config.get("shape") or ()) for r in ok)
         good = ex.keep(replies, "federation", _check_atoms(ex, list(shape or (0, 0, 0, 0)), 0))
@@ -573,14 +640,17 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
             raise lib.FedalignError(f"clients {', '.join(missing)} have no state of federation "
                                     f"{fed!r} while the others do: run with fresh=true to start over")
         start = min(state_round.values())
-        if max(state_round.values()) - start > 1:
-            raise lib.FedalignError(f"the nodes' states are {sorted(set(state_round.values()))} "
-                                    "rounds apart by more than one: not one federation")
+        behind = [names[n] for n in alive if state_round[n] < max(state_round.values())]
+        if max(state_round.values()) - start > 1:  # a node that was lost, back again
+            verb = "catches" if len(behind) == 1 else "catch"
+            ex.say(f"DeFed {fed}: {', '.join(behind)} {verb} up from round "
+                   f"{start} on, with the atoms the others published in those rounds")
         resumed = True
         shape = _majority(tuple(hello[n].config.get("shape") or ()) for n in alive)
         reqs = {n: (m.DADIL_ATOMS, Payload({}, dict(base, round=start, next_candidates=everyone)))
                 for n in alive}
-        good = ex.keep(ex.ask(reqs, "defed"), "federation", _check_atoms(ex, list(shape), start))
+        good = ex.keep(ex.ask(reqs, "defed", f"atoms of round {start}"), "federation",
+                       _check_atoms(ex, list(shape), start))
         ex.say(f"DeFed {fed}: resuming at round {start} from the nodes' states")
     shape = list(shape)
     alive = [n for n in alive if n in good]
@@ -601,7 +671,7 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
         redraw = [n for n in todo if drawn_from.get(n) != set(publishers)]
         if redraw:
             rp = ex.ask({n: (m.DADIL_PEERS, Payload({}, dict(base, next_candidates=publishers)))
-                         for n in redraw}, "defed")
+                         for n in redraw}, "defed", f"redraw before round {t}")
             rp = ex.keep(rp, "federation")
             for n in redraw:
                 if n in rp:
@@ -621,13 +691,13 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
             reqs[n] = (m.DADIL_ROUND, Payload(fwd, cfg))
         for n in ahead:  # a server restarted mid-round: these did round t already
             reqs[n] = (m.DADIL_ATOMS, Payload({}, dict(base, round=t, next_candidates=nxt)))
-        replies = ex.ask(reqs, "defed")
+        replies = ex.ask(reqs, "defed", f"round {t}")
         good = ex.keep(replies, "federation", _check_atoms(ex, shape, t))
         alive = [n for n in alive if n in good]
         ex.require(good, f"DeFed round {t}")
         mailbox[t] = {names[n]: good[n].group("atoms") for n in alive}
         for n in alive:
-            state_round[n] = t
+            state_round[n] = max(state_round[n], t)  # ahead: done already
             peers_next[n] = list(good[n].config.get("peers_next") or [])
             drawn_from[n] = set(nxt)
         history.append({names[n]: dict(peers=good[n].config.get("peers"),
@@ -646,7 +716,7 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
 
     if results is None:  # no round left to run (or nodes that were ahead): evaluate alone
         replies = ex.ask({n: (m.DADIL_EVALUATE, Payload({}, dict(base, **evaluation)))
-                          for n in alive}, "defed")
+                          for n in alive}, "defed", "evaluate")
         good = ex.keep(replies, "evaluation")
         results = {names[n]: good[n].config.get("result") for n in alive if n in good}
     targets = {c: r for c, r in results.items() if r}
@@ -657,6 +727,7 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
                   communication={"counted": "bytes of each message's records (array bytes + "
                                             "keys); 'sent' = server → client",
                                  "per_client": ex.comm},
+                  dropped=_dropped(ex), exchanges=list(ex.exchanges),
                   warnings=list(ex.warnings),
                   timing_s=dict(rounds=t_rounds, total=time.perf_counter() - t0),
                   settings=dataclasses.asdict(s), targets=targets)

@@ -175,11 +175,11 @@ def _convert(value, default, label):
         return value
     try:
         if isinstance(default, bool):
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
+            from fedalign.grammar import BOOL_WORDS
+
+            if value.lower() not in BOOL_WORDS:
+                raise ValueError(value)
+            return BOOL_WORDS[value.lower()]
         return type(default)(value)
     except ValueError:
         raise FedalignError(f"{label}: cannot read {value!r} as {type(default).__name__}") from None
