@@ -182,7 +182,8 @@ def fixed_point_residual(S, covs, weights) -> float:
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
                      init: np.ndarray | None = None, anderson: int = 5,
                      workers: int | None = None, reduce: bool = True,
-                     progress=None, backend="numpy", device="cpu") -> BuresBarycenter:
+                     progress=None, backend="numpy", device="cpu",
+                     merge_identical: bool = False) -> BuresBarycenter:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
 
     Iteration (with S = L Lᵀ, Cholesky):
@@ -213,6 +214,15 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         ``"cuda[:N]"``, ``"auto"`` (:func:`fedalign.backend.get_backend`): the same iteration
         with torch kernels (the K roots as one batched float64 eigh); the result is a numpy
         array and agrees with the numpy path to the order of ``tol``
+    merge_identical : count clients with identical covariances (equal bytes) once, with
+        their weights summed (exact; :func:`_merge_identical`), e.g. many clients holding
+        the same data
+
+    Each covariance may be a dense (d, d) array or a
+    :class:`fedalign.linalg.ScaledIdentityPlusLowRank` c I + W Wᵀ (the exact form of a
+    shrunk covariance of a client with n_k < d rows): the server then holds K·d·r numbers
+    instead of K·d², and each client's Lᵀ Σ_k L = c LᵀL + (LᵀW)(LᵀW)ᵀ costs O(d² r) before its
+    eigendecomposition; the result equals the dense one to rounding.
 
     Returns
     -------
@@ -228,8 +238,9 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         if C.shape != (d, d):
             raise FedalignError(f"dimension mismatch: covariances {covs[0].shape} and {C.shape}")
     weights = normalize_weights(weights, K)
-    covs, weights = _merge_identical(covs, weights)
-    K = len(covs)
+    if merge_identical:
+        covs, weights = _merge_identical(covs, weights)
+        K = len(covs)
     if K == 1:
         C = covs[0]
         return BuresBarycenter(C.dense() if isinstance(C, ScaledIdentityPlusLowRank)
@@ -354,9 +365,9 @@ def normalize_weights(weights, K: int) -> np.ndarray:
 
 def gaussian_barycenter(means, covs, weights=None, tol: float = 1e-10,
                         max_iter: int = 100, progress=None, backend="numpy",
-                        device="cpu") -> Barycenter:
+                        device="cpu", merge_identical: bool = False) -> Barycenter:
     """Barycenter N(μ_b, Σ_b) of Gaussians: μ_b = Σ w_k μ_k, Σ_b = :func:`bures_barycenter`
-    (``progress``, ``backend``, ``device``: see there)."""
+    (``progress``, ``backend``, ``device``, ``merge_identical``: see there)."""
     means = [np.asarray(m, dtype=np.float64) for m in means]
     d = means[0].shape[0]
     for m in means:
@@ -364,7 +375,7 @@ def gaussian_barycenter(means, covs, weights=None, tol: float = 1e-10,
             raise FedalignError(f"dimension mismatch: means of size {d} and {m.shape[0]}")
     w = normalize_weights(weights, len(means))
     B = bures_barycenter(covs, w, tol=tol, max_iter=max_iter, progress=progress,
-                         backend=backend, device=device)
+                         backend=backend, device=device, merge_identical=merge_identical)
     mu = np.sum([wk * m for wk, m in zip(w, means)], axis=0)
     return Barycenter(mu, B.covariance, w, B.iterations, B.rel_change, B.residual, B.converged,
                       B.history)
