@@ -13,6 +13,8 @@ features   .h5    ``features`` (n, d) float32, ``labels`` (n,) int64 (-1 = unlab
                   ``ids`` (n,) str; attrs ``class_names``, ``provenance``. Private.
 stats      .npz   n, mean (d,), Ledoit–Wolf covariance (d, d), shrinkage, raw moment sums
                   around a shift; optional class counts / sums. Aggregates only, shareable.
+                  format_version 1 (default) or 2 (``stats --compact``/``--dtype float32``:
+                  covariance and Σyyᵀ stored once, upper triangle, float64 or float32).
                   A DP release (meta ``dp``: :mod:`fedalign.dp`) holds the noisy count, Σx
                   and Σxxᵀ (shift 0), no fourth-moment sums, and a post-processed covariance.
 reference  .npz   Bures–Wasserstein barycenter: mean (d,), covariance (d, d), weights,
