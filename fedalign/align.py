@@ -125,6 +125,23 @@ def compact_covariance(st):
     return C if f is None else f
 
 
+def _factored_spd(st, path):
+    """:func:`compact_covariance`, with the proof that the covariance is symmetric positive
+    definite (``read_npz``'s check, skipped): C = c I + W Wᵀ + E with ‖E‖_F verified tiny,
+    so λ_min(C) ≥ c − ‖E‖_F, which must exceed check_spd's d·eps·tr C; otherwise (dense, or
+    c too small) the full check runs."""
+    from fedalign.files import check_spd
+
+    C = st.covariance
+    f = compact_covariance(st)
+    if f is not C:
+        tr = float(np.trace(C))
+        if f.c - f.error > C.shape[0] * np.finfo(np.float64).eps * tr > 0:
+            return f
+    st.covariance = check_spd(C, f"{path}: 'covariance'")
+    return st.covariance if f is C else f
+
+
 def load_client_stats(paths, storage: str = "auto", progress=None) -> list:
     """Read K clients' stats files for the server, in memory that grows as the statistics
     must: O(K·d·r) for clients of rank r < d/2 instead of O(K·d²).
@@ -154,10 +171,10 @@ def load_client_stats(paths, storage: str = "auto", progress=None) -> list:
                                          and len(paths) * d * d * 8 > COMPACT_ABOVE_BYTES)
     out = []
     for p in paths:
-        st = load_stats(p)
+        st = load_stats(p, check_spd=not factored)
         digest, sha = stats_digest(st), sha256_file(p)
         if factored:
-            st.covariance = compact_covariance(st)
+            st.covariance = _factored_spd(st, p)
         st.moments = None
         out.append(ClientStats(st, st.meta, digest, sha))
         if progress is not None:

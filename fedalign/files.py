@@ -60,6 +60,7 @@ Nothing is lost, ever:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -775,18 +776,26 @@ def unpack_symmetric(P: np.ndarray, d: int | None = None, what: str = "array") -
     if P.ndim != 1 or T != d * (d + 1) // 2 or P.dtype.kind != "f":
         raise FedalignError(f"{what} must be a packed upper triangle of {d} × {d} floats "
                             f"(shape ({d * (d + 1) // 2},)), got {P.dtype} {P.shape}")
-    M = np.zeros((d, d))
-    M[np.triu_indices(d)] = P
-    M += np.triu(M, 1).T
+    iu = _triu_indices(d)
+    M = np.empty((d, d))
+    M[iu] = P
+    M.T[iu] = P
     return M
 
 
-def read_npz(path, kind: str, info: dict | None = None) -> tuple[dict, dict]:
+@functools.lru_cache(maxsize=4)
+def _triu_indices(d: int):
+    return np.triu_indices(d)
+
+
+def read_npz(path, kind: str, info: dict | None = None, spd: bool = True) -> tuple[dict, dict]:
     """Read and validate a ``.npz`` file of the given kind (any version :data:`VERSIONS`
     holds; packed arrays come back unpacked, float64 (d, d)).
 
     ``info``: a dict, when given, receives ``format_version`` and ``dtype`` (the storage of
     the packed arrays, "float64" when none are packed or stored in float32).
+    ``spd=False``: the schema's SPD arrays are not checked here — the caller proves them
+    another way (:func:`fedalign.align.load_client_stats`: an exact c I + W Wᵀ form, c > 0).
 
     Returns
     -------
@@ -822,7 +831,7 @@ def read_npz(path, kind: str, info: dict | None = None) -> tuple[dict, dict]:
     if info is not None:
         info.update(format_version=version, dtype=dtype)
     _validate_meta(meta, schema, path)
-    _validate_arrays(data, schema, source=str(path))
+    _validate_arrays(data, schema, source=str(path), spd=spd)
     return data, meta
 
 
@@ -949,7 +958,7 @@ def _get_schema(kind: str) -> Schema:
 MAX_MAGNITUDE = 1e150
 
 
-def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
+def _validate_arrays(arrays: dict, schema: Schema, source: str, spd: bool = True) -> dict:
     """Check presence, dtype kind, symbolic shapes and finiteness; return the symbol sizes."""
     sizes: dict[str, int] = {}
     for name, (shape, dkind) in list(schema.required.items()) + list(schema.optional.items()):
@@ -979,7 +988,7 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
             raise FedalignError(f"{source}: array '{name}' holds a value of magnitude "
                                 f"{float(np.abs(a).max()):.3g}, beyond {MAX_MAGNITUDE:.0e}: its "
                                 "square overflows float64")
-    for name in schema.spd:
+    for name in schema.spd if spd else ():
         if name in arrays:
             check_spd(arrays[name], f"{source}: '{name}'")
     return sizes

@@ -105,13 +105,15 @@ class ScaledIdentityPlusLowRank:
     ----------
     c : float ≥ 0
     W : (d, r) float64, Fortran order
+    error : ‖C − (c I + W Wᵀ)‖_F of the matrix C it was factored from (0 if built directly)
     """
 
-    __slots__ = ("c", "W")
+    __slots__ = ("c", "W", "error")
 
-    def __init__(self, c: float, W: np.ndarray):
+    def __init__(self, c: float, W: np.ndarray, error: float = 0.0):
         self.c = float(c)
         self.W = np.asfortranarray(W, dtype=np.float64)
+        self.error = float(error)  # ‖C − (c I + W Wᵀ)‖_F of the matrix it was factored from
 
     @property
     def shape(self) -> tuple:
@@ -192,6 +194,7 @@ def factor_scaled_identity(C: np.ndarray, c: float, max_rank: int, rtol: float =
     out = ScaledIdentityPlusLowRank(c, W[:, :r])
     err = out.dense()
     err -= C
-    if np.linalg.norm(err) > rtol * np.sqrt(d) * max(np.linalg.norm(C), np.finfo(float).tiny):
+    out.error = float(np.linalg.norm(err))
+    if out.error > rtol * np.sqrt(d) * max(np.linalg.norm(C), np.finfo(float).tiny):
         return None
     return out

@@ -407,13 +407,14 @@ def save_stats(path, st: GaussianStats, meta: dict | None = None, compact: bool 
                      dtype=dtype)
 
 
-def load_stats(path) -> GaussianStats:
+def load_stats(path, check_spd: bool = True) -> GaussianStats:
     """Read and validate a stats file (format_version 1 or 2; ``storage`` says whether its
-    matrices were stored in float32)."""
+    matrices were stored in float32). ``check_spd=False``: the caller proves the covariance
+    positive definite itself (:func:`fedalign.files.read_npz`)."""
     from fedalign.files import read_npz
 
     info = {}
-    a, meta = read_npz(path, "stats", info)
+    a, meta = read_npz(path, "stats", info, spd=check_spd)
     n = int(a["n"])
     if n < 2:
         raise FedalignError(f"{path}: stats from fewer than 2 samples (n={n})")
