@@ -113,6 +113,8 @@ class ScaledIdentityPlusLowRank:
     def __init__(self, c: float, W: np.ndarray, error: float = 0.0):
         self.c = float(c)
         self.W = np.asfortranarray(W, dtype=np.float64)
+        if self.W.base is not None and self.W.base.nbytes > self.W.nbytes:
+            self.W = self.W.copy(order="F")  # a view would keep a larger array alive
         self.error = float(error)  # ‖C − (c I + W Wᵀ)‖_F of the matrix it was factored from
 
     @property
@@ -191,7 +193,7 @@ def factor_scaled_identity(C: np.ndarray, c: float, max_rank: int, rtol: float =
         r += 1
     if r > max_rank:
         return None
-    out = ScaledIdentityPlusLowRank(c, W[:, :r])
+    out = ScaledIdentityPlusLowRank(c, W[:, :r].copy(order="F"))  # not a view of W's (d, max_rank)
     err = out.dense()
     err -= C
     out.error = float(np.linalg.norm(err))

@@ -78,3 +78,12 @@ def test_scaled_identity_factor_refuses_what_it_cannot_hold_exactly():
     assert factor_scaled_identity(C, c, 10) is None          # rank 11 > max_rank
     full, c_full = _shrunk_low_rank(20, 40, 0.2)             # n > d: full rank
     assert factor_scaled_identity(full, c_full, 10) is None
+
+
+def test_scaled_identity_factor_holds_only_its_own_bytes():
+    """The factor is not a view of the (d, max_rank) work array: K clients must hold K·d·r."""
+    from fedalign.linalg import factor_scaled_identity
+
+    C, c = _shrunk_low_rank(60, 12, 0.3)
+    F = factor_scaled_identity(C, c, 30)
+    assert F.W.base is None or F.W.base.nbytes == F.W.nbytes
