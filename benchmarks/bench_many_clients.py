@@ -11,7 +11,8 @@ Three parts (each prints its figures; timings are this machine's, see README Per
 ``cost``   per-client-iteration cost of the fixed point (one root (Lᵀ Σ_k L)^{1/2} each) with
            the clients held factored (c I + W Wᵀ) and dense, for K clients at d: a capped
            number of iterations, timed and divided (an extrapolation to a full run is
-           printed as such), one BLAS thread.
+           printed as such), one BLAS thread; CPU seconds of the process (process_time),
+           which a shared machine's load inflates far less than wall time.
 
 ``f32``    the barycenter's error when every client's covariance travels in float32
            (``stats --dtype float32``: each rounded to float32, read back as float64),
@@ -80,25 +81,25 @@ def cost(a):
             for K in a.K:
                 covs = [_factored(k, a.n, d) for k in range(K)]
                 mem = sum(C.nbytes for C in covs)
-                t = time.perf_counter()
+                t, c0 = time.perf_counter(), time.process_time()
                 B = bures_barycenter(covs, max_iter=a.iters, workers=1)
-                dt = time.perf_counter() - t
-                per = dt / (K * B.iterations)
-                print(f"factored d={d:5d} K={K:5d}: {B.iterations} iterations in {dt:8.1f}s → "
-                      f"{1e3 * per:7.1f} ms per client-iteration; covariances held "
+                dt, cpu = time.perf_counter() - t, time.process_time() - c0
+                per = cpu / (K * B.iterations)
+                print(f"factored d={d:5d} K={K:5d}: {B.iterations} iterations in {dt:8.1f}s wall,"
+                      f" {cpu:8.1f}s CPU → {1e3 * per:7.1f} ms CPU per client-iteration; covariances held "
                       f"{mem / 2**20:8.1f} MiB (dense: {K * d * d * 8 / 2**20:8.1f} MiB); "
                       f"extrapolated to {a.full} iterations: {per * K * a.full / 60:6.1f} min",
                       flush=True)
                 if K * d * d * 8 <= a.dense_limit * 2**30:
                     dense = [C.dense() for C in covs]
-                    t = time.perf_counter()
+                    c0 = time.process_time()
                     Bd = bures_barycenter(dense, max_iter=a.iters, workers=1)
-                    dtd = time.perf_counter() - t
+                    dtd = time.process_time() - c0
                     rel = (np.linalg.norm(Bd.covariance - B.covariance)
                            / np.linalg.norm(Bd.covariance))
                     print(f"dense    d={d:5d} K={K:5d}: {Bd.iterations} iterations in "
-                          f"{dtd:8.1f}s → {1e3 * dtd / (K * Bd.iterations):7.1f} ms per "
-                          f"client-iteration (dense/factored {dtd / dt:.2f}x; "
+                          f"{dtd:8.1f}s CPU → {1e3 * dtd / (K * Bd.iterations):7.1f} ms CPU per "
+                          f"client-iteration (dense/factored {dtd / cpu:.2f}x; "
                           f"same iterate to {rel:.1e})", flush=True)
                 del covs
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
@@ -116,18 +117,18 @@ def pot(a):
                 covs = [_factored(k, a.n, d) for k in range(K)]
                 dense = [C.dense() for C in covs]
                 w = np.full(K, 1.0 / K)
-                t = time.perf_counter()
+                t = time.process_time()
                 _, Sp, log = ot.gaussian.bures_wasserstein_barycenter(
                     np.zeros((K, d)), np.array(dense), w, log=True)
-                tp = time.perf_counter() - t
+                tp = time.process_time() - t
                 rp = fixed_point_residual(Sp, dense, w)
-                t = time.perf_counter()
+                t = time.process_time()
                 B = bures_barycenter(covs, w, tol=rp, workers=1)
-                tf = time.perf_counter() - t
-                t = time.perf_counter()
+                tf = time.process_time() - t
+                t = time.process_time()
                 B10 = bures_barycenter(covs, w, workers=1)
-                tf10 = time.perf_counter() - t
-                print(f"d={d} K={K}: POT {tp:.1f}s ({log['num_iter']} iterations, residual "
+                tf10 = time.process_time() - t
+                print(f"d={d} K={K} (CPU seconds, one thread): POT {tp:.1f}s ({log['num_iter']} iterations, residual "
                       f"{rp:.1e}); fedalign factored at POT's residual {tf:.1f}s "
                       f"({B.iterations} it.) → {tp / tf:.1f}x; at tol 1e-10 {tf10:.1f}s "
                       f"({B10.iterations} it., residual {B10.residual:.1e}) → {tp / tf10:.1f}x",
