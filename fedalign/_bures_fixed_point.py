@@ -29,7 +29,29 @@ import numpy as np
 
 from fedalign.backend import get_backend
 from fedalign.errors import FedalignError
-from fedalign.linalg import EIG_FLOOR, eigh_clipped, sym
+from fedalign.linalg import EIG_FLOOR, ScaledIdentityPlusLowRank, eigh_clipped, sym
+
+_LowRank = ScaledIdentityPlusLowRank
+
+
+def _weighted_sum(covs, weights):
+    """Σ_k w_k Σ_k as a dense (d, d) array (factored inputs added as c I + W Wᵀ)."""
+    if not any(isinstance(C, _LowRank) for C in covs):
+        return sym(sum(float(w) * C for w, C in zip(weights, covs)))
+    d = covs[0].shape[0]
+    S = np.zeros((d, d))
+    for w, C in zip(weights, covs):
+        if isinstance(C, _LowRank):
+            S += float(w) * (C.W @ C.W.T)
+            S[np.diag_indices(d)] += float(w) * C.c
+        else:
+            S += float(w) * C
+    return sym(S)
+
+
+def _project(C, U):
+    """Uᵀ Σ U (orthonormal U), factored inputs staying factored."""
+    return C.project(U) if isinstance(C, _LowRank) else sym(U.T @ C @ U)
 
 
 def _full(U):
@@ -54,18 +76,25 @@ class _RootSum:
         import scipy.linalg.blas  # noqa: F401  (loaded first, so that the controller sees it)
         from threadpoolctl import ThreadpoolController
 
-        self.covs = [np.asfortranarray(C) for C in covs]
+        self.covs = [C if isinstance(C, _LowRank) else np.asfortranarray(C) for C in covs]
+        self.factored = any(isinstance(C, _LowRank) for C in covs)
         self.weights = weights
         self.n_workers = max(1, min(workers, len(covs)))
         self.pool = ThreadPoolExecutor(self.n_workers)
         self.blas = ThreadpoolController()
 
-    def _part(self, ks, L):
+    def _part(self, ks, L, P):
         from scipy.linalg.blas import dsyrk, dtrmm
 
         T = np.zeros(L.shape, order="F")
         for k in ks:
-            M = dtrmm(1.0, L, dtrmm(1.0, L, self.covs[k], side=1, lower=1), lower=1, trans_a=1)
+            C = self.covs[k]
+            if isinstance(C, _LowRank):  # Lᵀ (c I + W Wᵀ) L = c LᵀL + (LᵀW)(LᵀW)ᵀ
+                Y = dtrmm(1.0, L, C.W, lower=1, trans_a=1)
+                M = Y @ Y.T
+                M += C.c * P
+            else:
+                M = dtrmm(1.0, L, dtrmm(1.0, L, C, side=1, lower=1), lower=1, trans_a=1)
             w, V = eigh_clipped(M, symmetrize=False)
             T = dsyrk(1.0, V * np.sqrt(self.weights[k] * np.sqrt(w)), beta=1.0, c=T,
                       overwrite_c=1)
@@ -73,9 +102,10 @@ class _RootSum:
 
     def __call__(self, L):
         L = np.asfortranarray(L)
+        P = L.T @ L if self.factored else None
         groups = [range(i, len(self.covs), self.n_workers) for i in range(self.n_workers)]
         with self.blas.limit(limits=1, user_api="blas"):
-            parts = list(self.pool.map(lambda ks: self._part(ks, L), groups))
+            parts = list(self.pool.map(lambda ks: self._part(ks, L, P), groups))
         return _full(sum(parts))
 
     def close(self):
@@ -131,19 +161,46 @@ class _NumpyKernels:
 class _TorchKernels:
     """The loop's kernels on a torch backend: batched float64 eigh over the K clients."""
 
+    #: factored clients decomposed per batch of this many (K·d² would not fit a device)
+    BATCH = 64
+
     def __init__(self, bk, covs, weights):
         self.bk, self.t = bk, bk.torch
-        self.covs = self.t.stack([bk.asarray(C) for C in covs])          # (K, d, d)
-        self.w = bk.asarray(np.asarray(weights, dtype=np.float64))      # (K,)
+        weights = np.asarray(weights, dtype=np.float64)
+        lr = [k for k, C in enumerate(covs) if isinstance(C, _LowRank)]
+        dense = [k for k, C in enumerate(covs) if not isinstance(C, _LowRank)]
+        self.covs = (self.t.stack([bk.asarray(covs[k]) for k in dense]) if dense
+                     else None)                                          # (K_dense, d, d)
+        self.w = bk.asarray(weights[dense])                             # (K_dense,)
+        self.lr = None
+        if lr:  # W padded with zero columns to the largest rank: (K_lr, d, r_max)
+            d, r = covs[lr[0]].shape[0], max(1, max(covs[k].rank for k in lr))
+            W = np.zeros((len(lr), d, r))
+            for i, k in enumerate(lr):
+                W[i, :, :covs[k].rank] = covs[k].W
+            self.lr = (bk.asarray(W), bk.asarray(np.array([covs[k].c for k in lr])),
+                       bk.asarray(weights[lr]))
 
-    def root_sum(self, L):
-        """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2}, eigenvalues clipped as in :func:`eigh_clipped`."""
-        M = L.mT @ self.covs @ L
+    def _roots(self, M, w):
         lam, V = self.t.linalg.eigh(M)  # reads the lower triangle, as the numpy path's eigh
         top = lam[:, -1:].clamp_min(np.finfo(np.float64).tiny)
         lam = self.t.maximum(lam, EIG_FLOOR * top)
-        Vs = V * self.t.sqrt(self.w[:, None] * self.t.sqrt(lam))[:, None, :]
-        return sym((Vs @ Vs.mT).sum(0))
+        Vs = V * self.t.sqrt(w[:, None] * self.t.sqrt(lam))[:, None, :]
+        return (Vs @ Vs.mT).sum(0)
+
+    def root_sum(self, L):
+        """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2}, eigenvalues clipped as in :func:`eigh_clipped`."""
+        T = 0.0
+        if self.covs is not None:
+            T = self._roots(L.mT @ self.covs @ L, self.w)
+        if self.lr is not None:
+            W, c, w = self.lr
+            P = L.mT @ L
+            for i in range(0, W.shape[0], self.BATCH):
+                Y = L.mT @ W[i:i + self.BATCH]
+                M = Y @ Y.mT + c[i:i + self.BATCH, None, None] * P
+                T = T + self._roots(M, w[i:i + self.BATCH])
+        return sym(T)
 
     def congruence_inv(self, L, T):
         Y = self.bk.solve_lower_t(L, T)
@@ -192,6 +249,10 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     d = covs[0].shape[0]
     if d < 64:
         return None
+    if all(isinstance(C, _LowRank) for C in covs):
+        return _factored_complement(covs, max_fraction)
+    if any(isinstance(C, _LowRank) for C in covs):
+        return None  # mixed storage: solved without the reduction (exact either way)
 
     def scalar_part(w):
         return w <= w[0] + rtol * max(w[-1], np.finfo(float).tiny)
@@ -221,6 +282,25 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     if r > max_fraction * d:
         return None
     return Q[:, :r], np.array(c)
+
+
+def _factored_complement(covs, max_fraction: float, rtol: float = 1e-8):
+    """:func:`_scalar_complement` of factored inputs Σ_k = c_k I + W_k W_kᵀ: U spans the
+    W_k (built column block by column block, stopped as soon as it exceeds
+    ``max_fraction · d``), c_k as given; no eigendecomposition."""
+    d = covs[0].shape[0]
+    Q = np.zeros((d, 0))
+    for C in covs:
+        if C.rank == 0:
+            continue
+        R = C.W - Q @ (Q.T @ C.W)
+        R -= Q @ (Q.T @ R)  # twice is enough (Gram–Schmidt re-orthogonalisation)
+        u, sv, _ = np.linalg.svd(R, full_matrices=False)
+        keep = sv > rtol * max(float(np.linalg.norm(C.W, 2)), np.finfo(float).tiny)
+        Q = np.concatenate([Q, u[:, keep]], axis=1)
+        if Q.shape[1] > max_fraction * d:
+            return None
+    return Q, np.array([C.c for C in covs])
 
 
 def _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress=None, backend=None):

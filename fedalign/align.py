@@ -88,11 +88,122 @@ def make_reference(stats_list, weights: str = "samples", tol: float = 1e-10,
     else:
         raise FedalignError(f"weights must be 'samples' or 'uniform', got {weights!r}")
     bc = gaussian_barycenter([s.mean for s in stats_list], [s.covariance for s in stats_list],
-                             w, tol=tol, max_iter=max_iter, progress=progress, backend=bk)
+                             w, tol=tol, max_iter=max_iter, progress=progress, backend=bk,
+                             merge_identical=True)
     meta = dict(convergence=bc.record(), weighting=weights, tol=tol, max_iter=max_iter)
     if bk.record():
         meta["compute"] = bk.record()
     return Reference(bc.mean, bc.covariance, bc.weights, n, meta)
+
+
+#: ``barycenter --storage auto`` holds the clients' covariances factored
+#: (:func:`compact_covariance`) when K dense d × d float64 matrices would take more than this.
+COMPACT_ABOVE_BYTES = 1 << 30
+
+
+@dataclass
+class ClientStats:
+    """One client's statistics as the server holds them: the Gaussian proxy (covariance
+    possibly factored, no moment sums), the file's metadata, the statistics' digest
+    (:func:`stats_digest`) and the file's sha256."""
+
+    stats: object
+    meta: dict
+    digest: str
+    sha256: str
+
+
+def compact_covariance(st):
+    """A client's covariance as c I + W Wᵀ (:class:`fedalign.linalg.ScaledIdentityPlusLowRank`,
+    c = s·tr Σ/d for Ledoit–Wolf shrinkage s) when that is exact with rank ≤ d/2 (a client
+    with n < d/2 rows); else the dense matrix."""
+    from fedalign.linalg import factor_scaled_identity
+
+    C = st.covariance
+    d = C.shape[0]
+    f = factor_scaled_identity(C, st.shrinkage * float(np.trace(C)) / d, d // 2)
+    return C if f is None else f
+
+
+def _factored_spd(st, path):
+    """:func:`compact_covariance`, with the proof that the covariance is symmetric positive
+    definite (``read_npz``'s check, skipped): C = c I + W Wᵀ + E with ‖E‖_F verified tiny,
+    so λ_min(C) ≥ c − ‖E‖_F, which must exceed check_spd's d·eps·tr C; otherwise (dense, or
+    c too small) the full check runs."""
+    from fedalign.files import check_spd
+
+    C = st.covariance
+    f = compact_covariance(st)
+    if f is not C:
+        tr = float(np.trace(C))
+        if f.c - f.error > C.shape[0] * np.finfo(np.float64).eps * tr > 0:
+            return f
+    st.covariance = check_spd(C, f"{path}: 'covariance'")
+    return st.covariance if f is C else f
+
+
+def load_client_stats(paths, storage: str = "auto", progress=None) -> list:
+    """Read K clients' stats files for the server, in memory that grows as the statistics
+    must: O(K·d·r) for clients of rank r < d/2 instead of O(K·d²).
+
+    The files are checked first, cheaply: no file twice (:func:`fedalign.files.check_distinct`),
+    then every header (kind, format_version, d) before any array is read
+    (:func:`check_stats_headers`: the first offender is the error). Then each
+    file is read once: digest, sha256, and its covariance kept factored or dense by
+    ``storage`` ("auto": factored when K·d²·8 > :data:`COMPACT_ABOVE_BYTES`; "factored";
+    "dense"); the moment sums are dropped.
+
+    Returns
+    -------
+    list of :class:`ClientStats`
+    """
+    from fedalign.files import check_distinct, sha256_file
+    from fedalign.stats import load_stats
+
+    if storage not in ("auto", "factored", "dense"):
+        raise FedalignError(f"storage must be auto, factored or dense, got {storage!r}")
+    paths = list(paths)
+    if not paths:
+        raise FedalignError("barycenter needs at least one stats file")
+    check_distinct(paths, "stats file")
+    d = check_stats_headers(paths)
+    factored = storage == "factored" or (storage == "auto"
+                                         and len(paths) * d * d * 8 > COMPACT_ABOVE_BYTES)
+    out = []
+    for p in paths:
+        st = load_stats(p, check_spd=not factored)
+        digest, sha = stats_digest(st), sha256_file(p)
+        if factored:
+            st.covariance = _factored_spd(st, p)
+        st.moments = None
+        out.append(ClientStats(st, st.meta, digest, sha))
+        if progress is not None:
+            progress(1)
+    return out
+
+
+def check_stats_headers(paths) -> int:
+    """The common dimension d of many stats files, from their headers only
+    (:func:`fedalign.files.npz_header`: no array is read): the first file of another kind,
+    an unsupported format_version or another d is the error, and the files after it are not
+    opened. Returns d."""
+    from fedalign.files import npz_header
+
+    d0, first = None, None
+    for p in paths:
+        shapes = npz_header(p, "stats")["shapes"]
+        shp = shapes.get("mean")
+        if shp is None or len(shp) != 1:
+            raise FedalignError(f"{p}: missing array 'mean' (d,) for a stats file")
+        if d0 is None:
+            d0, first = int(shp[0]), p
+        elif int(shp[0]) != d0:
+            raise FedalignError(f"{p}: dimension mismatch: statistics of d={int(shp[0])}, but "
+                                f"{first} has d={d0} (every client's statistics must have one "
+                                "dimension)")
+    if d0 is None:
+        raise FedalignError("no stats files given")
+    return d0
 
 
 def save_reference(path, ref: Reference, extra_meta: dict | None = None):

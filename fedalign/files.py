@@ -13,6 +13,8 @@ features   .h5    ``features`` (n, d) float32, ``labels`` (n,) int64 (-1 = unlab
                   ``ids`` (n,) str; attrs ``class_names``, ``provenance``. Private.
 stats      .npz   n, mean (d,), Ledoit–Wolf covariance (d, d), shrinkage, raw moment sums
                   around a shift; optional class counts / sums. Aggregates only, shareable.
+                  format_version 1 (default) or 2 (``stats --compact``/``--dtype float32``:
+                  covariance and Σyyᵀ stored once, upper triangle, float64 or float32).
                   A DP release (meta ``dp``: :mod:`fedalign.dp`) holds the noisy count, Σx
                   and Σxxᵀ (shift 0), no fourth-moment sums, and a post-processed covariance.
 reference  .npz   Bures–Wasserstein barycenter: mean (d,), covariance (d, d), weights,
@@ -58,6 +60,7 @@ Nothing is lost, ever:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -91,9 +94,16 @@ class Schema:
     optional: dict = field(default_factory=dict)
     spd: tuple = ()  # (d, d) arrays that must be symmetric positive definite
     meta: dict = field(default_factory=dict)  # metadata key → type name (:data:`META_TYPES`)
+    #: symmetric (d, d) arrays this version stores once, as their upper triangle
+    #: ``<name>_triu`` (d(d+1)/2,) row by row, in float64 or float32 (:func:`pack_symmetric`)
+    packed: tuple = ()
 
 
-SCHEMAS: dict[str, Schema] = {}
+SCHEMAS: dict[str, Schema] = {}  # kind → the version writers use by default
+VERSIONS: dict[tuple, Schema] = {}  # (kind, format_version) → every version readers accept
+
+#: Storage dtypes of packed arrays (the arithmetic is float64 either way).
+PACKED_DTYPES = ("float64", "float32")
 
 #: What a metadata value of each type name must be (a key that is absent or null passes).
 META_TYPES = {
@@ -109,13 +119,16 @@ META_TYPES = {
 _OWNER_META = {"client": "str", "domain": "str", "clients": "strings"}
 
 
-def _schema(kind, version, required, optional=None, spd=(), meta=None):
-    SCHEMAS[kind] = Schema(kind, version, required, optional or {}, tuple(spd), meta or {})
+def _schema(kind, version, required, optional=None, spd=(), meta=None, packed=(),
+            default=True):
+    sch = Schema(kind, version, required, optional or {}, tuple(spd), meta or {}, tuple(packed))
+    VERSIONS[(kind, version)] = sch
+    if default:
+        SCHEMAS[kind] = sch
+    return sch
 
 
-_schema(
-    "stats",
-    1,
+_STATS = dict(
     required={
         "n": ((), "i"),
         "mean": (("d",), "f"),
@@ -136,6 +149,11 @@ _schema(
     spd=("covariance",),
     meta=dict(_OWNER_META, class_names="strings", dp="object"),
 )
+_schema("stats", 1, **_STATS)
+# version 2: the same arrays, the two symmetric matrices stored once (upper triangle), in
+# float64 or float32 (``fedalign stats --compact`` / ``--dtype float32``); readers unpack
+# them to float64 (d, d), so version 1 and 2 files read the same
+_schema("stats", 2, **_STATS, packed=("covariance", "sum_yy"), default=False)
 _schema(
     "reference",
     1,
@@ -685,13 +703,17 @@ def _require_file(path) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def write_npz(path, kind: str, arrays: dict, meta: dict | None = None) -> Path:
+def write_npz(path, kind: str, arrays: dict, meta: dict | None = None,
+              version: int | None = None, dtype: str = "float64") -> Path:
     """Validate ``arrays`` against the schema of ``kind`` and write them atomically.
 
     ``meta`` is any JSON-serialisable dict (provenance, convergence record, parameters);
-    it is stored as a JSON string, never pickled.
+    it is stored as a JSON string, never pickled. ``version``: the format version to write
+    (default: the kind's default); ``dtype``: storage of the version's packed arrays
+    (:data:`PACKED_DTYPES`).
     """
-    data = npz_bytes(kind, arrays, meta, source=f"{kind} being written to {path}")
+    data = npz_bytes(kind, arrays, meta, source=f"{kind} being written to {path}",
+                     version=version, dtype=dtype)
     path = Path(path)
     with atomic_output(path, suffix=".tmp.npz") as tmp:
         with open(tmp, "wb") as f:
@@ -699,14 +721,24 @@ def write_npz(path, kind: str, arrays: dict, meta: dict | None = None) -> Path:
     return path
 
 
-def npz_bytes(kind: str, arrays: dict, meta: dict | None = None, source: str | None = None) -> bytes:
+def npz_bytes(kind: str, arrays: dict, meta: dict | None = None, source: str | None = None,
+              version: int | None = None, dtype: str = "float64") -> bytes:
     """The exact bytes :func:`write_npz` writes (validated), e.g. to hash a file before it exists."""
     import io
 
-    schema = _get_schema(kind)
+    schema = _get_schema(kind) if version is None else _get_version(kind, version)
+    source = source or f"{kind} being written"
     arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
-    _validate_arrays(arrays, schema, source=source or f"{kind} being written")
+    _validate_arrays(arrays, schema, source=source)
+    if dtype not in PACKED_DTYPES or (dtype != "float64" and not schema.packed):
+        raise FedalignError(f"cannot store a {kind} file (format_version {schema.version}) "
+                            f"in {dtype}: storage dtypes are for packed formats "
+                            f"({', '.join(PACKED_DTYPES)})")
     payload = dict(arrays)
+    for name in schema.packed:
+        if name in payload:
+            payload[f"{name}_triu"] = pack_symmetric(payload.pop(name), dtype, f"{source}: "
+                                                     f"'{name}'", spd=name in schema.spd)
     payload[_KIND_KEY] = np.array(kind)
     payload[_VERSION_KEY] = np.array(schema.version)
     payload[_META_KEY] = np.array(json.dumps(meta or {}, sort_keys=True))
@@ -715,22 +747,63 @@ def npz_bytes(kind: str, arrays: dict, meta: dict | None = None, source: str | N
     return buf.getvalue()
 
 
-def read_npz(path, kind: str) -> tuple[dict, dict]:
-    """Read and validate a ``.npz`` file of the given kind.
+def pack_symmetric(M: np.ndarray, dtype: str = "float64", what: str = "matrix",
+                   spd: bool = False) -> np.ndarray:
+    """The upper triangle of symmetric M (d, d), row by row, as a (d(d+1)/2,) ``dtype``
+    array: half the bytes of M, and exact in float64. In float32 every entry must fit the
+    float32 range and, with ``spd``, the rounded matrix must still be positive definite."""
+    M = np.asarray(M)
+    d = M.shape[0]
+    iu = np.triu_indices(d)
+    if dtype == "float32":
+        if M.size and float(np.abs(M).max()) > float(np.finfo(np.float32).max):
+            raise FedalignError(f"{what} holds values beyond the float32 range: store it "
+                                "in float64")
+        P = M[iu].astype(np.float32)
+        if spd:
+            check_spd(unpack_symmetric(P, d), f"{what} rounded to float32 (store it in "
+                      "float64)")
+        return P
+    return M[iu].astype(np.float64)
+
+
+def unpack_symmetric(P: np.ndarray, d: int | None = None, what: str = "array") -> np.ndarray:
+    """(d, d) float64 symmetric matrix from its packed upper triangle (:func:`pack_symmetric`)."""
+    P = np.asarray(P)
+    T = P.shape[0] if P.ndim == 1 else -1
+    if d is None:
+        d = int(round((np.sqrt(8.0 * max(T, 0) + 1.0) - 1.0) / 2.0))
+    if P.ndim != 1 or T != d * (d + 1) // 2 or P.dtype.kind != "f":
+        raise FedalignError(f"{what} must be a packed upper triangle of {d} × {d} floats "
+                            f"(shape ({d * (d + 1) // 2},)), got {P.dtype} {P.shape}")
+    iu = _triu_indices(d)
+    M = np.empty((d, d))
+    M[iu] = P
+    M.T[iu] = P
+    return M
+
+
+@functools.lru_cache(maxsize=4)
+def _triu_indices(d: int):
+    return np.triu_indices(d)
+
+
+def read_npz(path, kind: str, info: dict | None = None, spd: bool = True) -> tuple[dict, dict]:
+    """Read and validate a ``.npz`` file of the given kind (any version :data:`VERSIONS`
+    holds; packed arrays come back unpacked, float64 (d, d)).
+
+    ``info``: a dict, when given, receives ``format_version`` and ``dtype`` (the storage of
+    the packed arrays, "float64" when none are packed or stored in float32).
+    ``spd=False``: the schema's SPD arrays are not checked here — the caller proves them
+    another way (:func:`fedalign.align.load_client_stats`: an exact c I + W Wᵀ form, c > 0).
 
     Returns
     -------
     arrays : dict of str -> ndarray
     meta : dict
     """
-    schema = _get_schema(kind)
-    path = _require_file(path)
-    with open(path, "rb") as f:
-        magic = f.read(8)
-    if magic.startswith(b"\x89HDF"):
-        raise FedalignError(f"{path}: is an HDF5 file (features?), expected a {kind} .npz file")
-    if not magic.startswith(b"PK"):
-        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file")
+    _get_schema(kind)
+    path = _npz_file(path, kind)
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
@@ -746,13 +819,19 @@ def read_npz(path, kind: str) -> tuple[dict, dict]:
     if found != kind:
         raise FedalignError(f"{path}: is a {found} file, expected a {kind} file")
     version = _npz_version(data.pop(_VERSION_KEY, np.array(-1)), path, kind)
-    if version != schema.version:
-        raise FedalignError(
-            f"{path}: {kind} format_version {version} is not supported (expected {schema.version})"
-        )
+    schema = _read_schema(kind, version, path)
     meta = _npz_meta(data.pop(_META_KEY, np.array("{}")), path)
+    dtype = "float64"
+    for name in schema.packed:
+        key = f"{name}_triu"
+        if key in data:
+            if data[key].dtype == np.float32:
+                dtype = "float32"
+            data[name] = unpack_symmetric(data.pop(key), what=f"{path}: array '{key}'")
+    if info is not None:
+        info.update(format_version=version, dtype=dtype)
     _validate_meta(meta, schema, path)
-    _validate_arrays(data, schema, source=str(path))
+    _validate_arrays(data, schema, source=str(path), spd=spd)
     return data, meta
 
 
@@ -788,6 +867,86 @@ def _npz_meta(a: np.ndarray, path) -> dict:
     return meta
 
 
+def _npz_file(path, kind: str) -> Path:
+    """An existing file that starts as a zip (.npz) does, or one error line."""
+    path = _require_file(path)
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic.startswith(b"\x89HDF"):
+        raise FedalignError(f"{path}: is an HDF5 file (features?), expected a {kind} .npz file")
+    if not magic.startswith(b"PK"):
+        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file")
+    return path
+
+
+def _read_schema(kind: str, version: int, path) -> Schema:
+    """The schema of a file's ``kind`` and ``format_version``, or one error line."""
+    sch = VERSIONS.get((kind, version))
+    if sch is None:
+        known = sorted(v for k, v in VERSIONS if k == kind)
+        raise FedalignError(f"{path}: {kind} format_version {version} is not supported "
+                            f"(expected {' or '.join(map(str, known))})")
+    return sch
+
+
+def _get_version(kind: str, version: int) -> Schema:
+    _get_schema(kind)
+    sch = VERSIONS.get((kind, version))
+    if sch is None:
+        raise ValueError(f"unknown {kind} format_version {version!r}")
+    return sch
+
+
+def npz_header(path, kind: str) -> dict:
+    """A ``.npz`` file's kind, version and array shapes from its zip directory and the .npy
+    headers, without reading any array: the cheap check of many files before any is read.
+
+    Returns
+    -------
+    dict with ``format_version`` (int) and ``shapes`` {array name: shape} (a packed array
+    under its unpacked name, (d, d))
+    """
+    path = _npz_file(path, kind)
+    shapes, small = {}, {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for zi in zf.infolist():
+                name = zi.filename[:-4] if zi.filename.endswith(".npy") else zi.filename
+                with zf.open(zi) as f:
+                    if name in (_KIND_KEY, _VERSION_KEY):
+                        try:
+                            small[name] = np.lib.format.read_array(f, allow_pickle=False)
+                        except ValueError as e:
+                            if "pickle" in str(e).lower():
+                                raise FedalignError(f"{path}: refuses to load an .npz that "
+                                                    "needs pickle") from None
+                            raise
+                        continue
+                    major, _ = np.lib.format.read_magic(f)
+                    read = (np.lib.format.read_array_header_1_0 if major == 1
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read(f)
+                    if dtype.hasobject:
+                        raise FedalignError(f"{path}: refuses to load an .npz that needs pickle")
+                    shapes[name] = shape
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file "
+                            f"({_short(e)})") from None
+    if _KIND_KEY not in small:
+        raise FedalignError(f"{path}: not a fedalign file (no 'kind'); expected a {kind} file")
+    found = str(small[_KIND_KEY])
+    if found != kind:
+        raise FedalignError(f"{path}: is a {found} file, expected a {kind} file")
+    version = _npz_version(small.get(_VERSION_KEY, np.array(-1)), path, kind)
+    schema = _read_schema(kind, version, path)
+    for name in schema.packed:
+        shp = shapes.pop(f"{name}_triu", None)
+        if shp is not None and len(shp) == 1:
+            d = int(round((np.sqrt(8.0 * shp[0] + 1.0) - 1.0) / 2.0))
+            shapes[name] = (d, d)
+    return dict(format_version=version, shapes=shapes)
+
+
 def _get_schema(kind: str) -> Schema:
     try:
         return SCHEMAS[kind]
@@ -799,7 +958,7 @@ def _get_schema(kind: str) -> Schema:
 MAX_MAGNITUDE = 1e150
 
 
-def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
+def _validate_arrays(arrays: dict, schema: Schema, source: str, spd: bool = True) -> dict:
     """Check presence, dtype kind, symbolic shapes and finiteness; return the symbol sizes."""
     sizes: dict[str, int] = {}
     for name, (shape, dkind) in list(schema.required.items()) + list(schema.optional.items()):
@@ -829,7 +988,7 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str) -> dict:
             raise FedalignError(f"{source}: array '{name}' holds a value of magnitude "
                                 f"{float(np.abs(a).max()):.3g}, beyond {MAX_MAGNITUDE:.0e}: its "
                                 "square overflows float64")
-    for name in schema.spd:
+    for name in schema.spd if spd else ():
         if name in arrays:
             check_spd(arrays[name], f"{source}: '{name}'")
     return sizes

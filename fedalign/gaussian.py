@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedalign._bures_fixed_point import _iterate, _scalar_complement
+from fedalign._bures_fixed_point import (_iterate, _project, _scalar_complement,
+                                         _weighted_sum)
 from fedalign.backend import array_bytes, get_backend
 from fedalign.errors import FedalignError
-from fedalign.linalg import eigh_clipped, sqrt_and_inv_sqrt, sqrtm_psd, sym
+from fedalign.linalg import (ScaledIdentityPlusLowRank, eigh_clipped, sqrt_and_inv_sqrt,
+                             sqrtm_psd, sym)
 
 
 def bures_squared(S1: np.ndarray, S2: np.ndarray) -> float:
@@ -180,7 +182,8 @@ def fixed_point_residual(S, covs, weights) -> float:
 def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100,
                      init: np.ndarray | None = None, anderson: int = 5,
                      workers: int | None = None, reduce: bool = True,
-                     progress=None, backend="numpy", device="cpu") -> BuresBarycenter:
+                     progress=None, backend="numpy", device="cpu",
+                     merge_identical: bool = False) -> BuresBarycenter:
     """Bures–Wasserstein barycenter covariance by the Álvarez-Esteban fixed point.
 
     Iteration (with S = L Lᵀ, Cholesky):
@@ -211,12 +214,22 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         ``"cuda[:N]"``, ``"auto"`` (:func:`fedalign.backend.get_backend`): the same iteration
         with torch kernels (the K roots as one batched float64 eigh); the result is a numpy
         array and agrees with the numpy path to the order of ``tol``
+    merge_identical : count clients with identical covariances (equal bytes) once, with
+        their weights summed (exact; :func:`_merge_identical`), e.g. many clients holding
+        the same data
+
+    Each covariance may be a dense (d, d) array or a
+    :class:`fedalign.linalg.ScaledIdentityPlusLowRank` c I + W Wᵀ (the exact form of a
+    shrunk covariance of a client with n_k < d rows): the server then holds K·d·r numbers
+    instead of K·d², and each client's Lᵀ Σ_k L = c LᵀL + (LᵀW)(LᵀW)ᵀ costs O(d² r) before its
+    eigendecomposition; the result equals the dense one to rounding.
 
     Returns
     -------
     :class:`BuresBarycenter` (the covariance and its convergence record)
     """
-    covs = [sym(np.asarray(C, dtype=np.float64)) for C in covs]
+    covs = [C if isinstance(C, ScaledIdentityPlusLowRank)
+            else sym(np.asarray(C, dtype=np.float64)) for C in covs]
     K = len(covs)
     if K == 0:
         raise FedalignError("barycenter needs at least one covariance")
@@ -225,13 +238,20 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
         if C.shape != (d, d):
             raise FedalignError(f"dimension mismatch: covariances {covs[0].shape} and {C.shape}")
     weights = normalize_weights(weights, K)
+    if merge_identical:
+        covs, weights = _merge_identical(covs, weights)
+        K = len(covs)
     if K == 1:
-        return BuresBarycenter(covs[0].copy(), 0, 0.0, 0.0, True)
+        C = covs[0]
+        return BuresBarycenter(C.dense() if isinstance(C, ScaledIdentityPlusLowRank)
+                               else C.copy(), 0, 0.0, 0.0, True)
     # a tiny ridge keeps singular inputs (constant features, n <= d) strictly positive
-    scale = max(max(np.trace(C) for C in covs) / d, np.finfo(float).tiny)
+    scale = max(max(C.trace() if isinstance(C, ScaledIdentityPlusLowRank) else np.trace(C)
+                    for C in covs) / d, np.finfo(float).tiny)
     ridge = 1e-12 * scale
     U = _common_range(covs, weights, ridge) if init is None else None
-    covs = [C + ridge * np.eye(d) for C in covs]
+    covs = [C.shifted(ridge) if isinstance(C, ScaledIdentityPlusLowRank)
+            else C + ridge * np.eye(d) for C in covs]
     if U is None:
         return _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progress,
                       backend, device)
@@ -239,7 +259,7 @@ def bures_barycenter(covs, weights=None, tol: float = 1e-10, max_iter: int = 100
     # so the barycenter splits exactly, B = U B_U Uᵀ + ridge (I − U Uᵀ)
     if U.shape[1] == 0:
         return BuresBarycenter(ridge * np.eye(d), 0, 0.0, 0.0, True, reduced_dim=0)
-    sub = _solve([sym(U.T @ C @ U) for C in covs], weights, tol, max_iter, None, anderson,
+    sub = _solve([_project(C, U) for C in covs], weights, tol, max_iter, None, anderson,
                  workers, reduce, progress, backend, device)
     S = sym(U @ (sub.covariance - ridge * np.eye(U.shape[1])) @ U.T)
     S[np.diag_indices_from(S)] += ridge
@@ -262,7 +282,7 @@ def _common_range(covs, weights, ridge: float):
     from scipy.linalg import LinAlgError, cholesky
 
     d = covs[0].shape[0]
-    W = sym(sum(float(w) * C for w, C in zip(weights, covs)))
+    W = _weighted_sum(covs, weights)
     try:
         cholesky(W - ridge * np.eye(d), lower=True)
         return None
@@ -281,9 +301,12 @@ def _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progre
     K, d = len(covs), covs[0].shape[0]
     workers = workers or os.cpu_count() or 1
     xp = get_backend(backend, device)
-    with xp.guard(f"the barycenter (K={K}, d={d})", array_bytes(*[(K + 8, d, d)] * 2)):
+    n_dense = sum(not isinstance(C, ScaledIdentityPlusLowRank) for C in covs)
+    with xp.guard(f"the barycenter (K={K}, d={d})",
+                  array_bytes(*[(min(K, n_dense + 64) + 8, d, d)] * 2)):
         if xp.is_torch:
-            covs = [xp.asarray(C) for C in covs]
+            covs = [C if isinstance(C, ScaledIdentityPlusLowRank) else xp.asarray(C)
+                    for C in covs]
         split = _scalar_complement(covs, workers, backend=xp) if reduce and init is None else None
         if split is not None:
             U, c = split
@@ -291,9 +314,15 @@ def _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progre
             if U.shape[1] == 0:
                 return BuresBarycenter(cb * np.eye(d), 0, 0.0, 0.0, True, reduced_dim=0)
             Ux = xp.asarray(U)
-            covs = [sym(Ux.T @ C @ Ux) for C in covs]
-        S = (sym(sum(float(w) * C for w, C in zip(weights, covs))) if init is None
-             else sym(xp.asarray(np.array(init, float))))
+            covs = [C.project(U) if isinstance(C, ScaledIdentityPlusLowRank)
+                    else sym(Ux.T @ C @ Ux) for C in covs]
+        if init is not None:
+            S = sym(xp.asarray(np.array(init, float)))
+        elif n_dense < K:  # factored inputs: the start Σ_k w_k Σ_k is summed in numpy
+            S = xp.asarray(_weighted_sum([C if isinstance(C, ScaledIdentityPlusLowRank)
+                                          else xp.to_numpy(C) for C in covs], weights))
+        else:
+            S = _weighted_sum(covs, weights)
         S, info = _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress, xp)
         S = xp.to_numpy(S)
     if split is not None:  # S = U B Uᵀ + (Σ_k w_k √c_k)² (I − U Uᵀ)
@@ -301,6 +330,27 @@ def _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progre
         S[np.diag_indices_from(S)] += cb
     return BuresBarycenter(S, reduced_dim=None if split is None else int(split[0].shape[1]),
                            **info)
+
+
+def _merge_identical(covs, weights):
+    """Clients with identical covariances as one client with their summed weight (exact:
+    the root sum Σ_k w_k (Lᵀ Σ_k L)^{1/2} has equal terms); inputs unchanged when all differ.
+    Equality is of the stored representation (bytes), found by hashing each once."""
+    import hashlib
+
+    first, keep, merged = {}, [], list(map(float, weights))
+    for k, C in enumerate(covs):
+        key = (C.key() if isinstance(C, ScaledIdentityPlusLowRank)
+               else np.ascontiguousarray(C).tobytes())
+        h = (type(C).__name__, C.shape, hashlib.blake2b(key, digest_size=20).digest())
+        if h in first:
+            merged[first[h]] += merged[k]
+        else:
+            first[h] = k
+            keep.append(k)
+    if len(keep) == len(covs):
+        return covs, weights
+    return [covs[k] for k in keep], np.array([merged[k] for k in keep])
 
 
 def normalize_weights(weights, K: int) -> np.ndarray:
@@ -315,9 +365,9 @@ def normalize_weights(weights, K: int) -> np.ndarray:
 
 def gaussian_barycenter(means, covs, weights=None, tol: float = 1e-10,
                         max_iter: int = 100, progress=None, backend="numpy",
-                        device="cpu") -> Barycenter:
+                        device="cpu", merge_identical: bool = False) -> Barycenter:
     """Barycenter N(μ_b, Σ_b) of Gaussians: μ_b = Σ w_k μ_k, Σ_b = :func:`bures_barycenter`
-    (``progress``, ``backend``, ``device``: see there)."""
+    (``progress``, ``backend``, ``device``, ``merge_identical``: see there)."""
     means = [np.asarray(m, dtype=np.float64) for m in means]
     d = means[0].shape[0]
     for m in means:
@@ -325,7 +375,7 @@ def gaussian_barycenter(means, covs, weights=None, tol: float = 1e-10,
             raise FedalignError(f"dimension mismatch: means of size {d} and {m.shape[0]}")
     w = normalize_weights(weights, len(means))
     B = bures_barycenter(covs, w, tol=tol, max_iter=max_iter, progress=progress,
-                         backend=backend, device=device)
+                         backend=backend, device=device, merge_identical=merge_identical)
     mu = np.sum([wk * m for wk, m in zip(w, means)], axis=0)
     return Barycenter(mu, B.covariance, w, B.iterations, B.rel_change, B.residual, B.converged,
                       B.history)

@@ -91,3 +91,112 @@ def is_spd(S: np.ndarray, rtol: float = 1e-10) -> bool:
     if np.abs(S - S.T).max() > rtol * scale:
         return False
     return bool(np.linalg.eigvalsh(sym(S))[0] > 0)
+
+
+class ScaledIdentityPlusLowRank:
+    """A symmetric PSD matrix Σ = c I + W Wᵀ (d, d) held as c and W (d, r), r ≪ d.
+
+    The exact form of a Ledoit–Wolf covariance of a client with n < d rows,
+    Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I with rank Σ̂ ≤ n − 1: c = s tr Σ̂/d and W W ᵀ = (1 − s) Σ̂
+    (:func:`factor_scaled_identity`). It takes d·r + 1 numbers instead of d²: a server holding
+    K clients' covariances (``fedalign.gaussian.bures_barycenter``) needs K·d·r·8 bytes.
+
+    Attributes
+    ----------
+    c : float ≥ 0
+    W : (d, r) float64, Fortran order
+    error : ‖C − (c I + W Wᵀ)‖_F of the matrix C it was factored from (0 if built directly)
+    """
+
+    __slots__ = ("c", "W", "error")
+
+    def __init__(self, c: float, W: np.ndarray, error: float = 0.0):
+        self.c = float(c)
+        self.W = np.asfortranarray(W, dtype=np.float64)
+        if self.W.base is not None and self.W.base.nbytes > self.W.nbytes:
+            self.W = self.W.copy(order="F")  # a view would keep a larger array alive
+        self.error = float(error)  # ‖C − (c I + W Wᵀ)‖_F of the matrix it was factored from
+
+    @property
+    def shape(self) -> tuple:
+        return (self.W.shape[0], self.W.shape[0])
+
+    @property
+    def rank(self) -> int:
+        return self.W.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.W.nbytes + 8
+
+    def trace(self) -> float:
+        return self.c * self.W.shape[0] + float(np.einsum("ij,ij->", self.W, self.W))
+
+    def dense(self) -> np.ndarray:
+        """Σ as a (d, d) float64 array."""
+        S = self.W @ self.W.T
+        S[np.diag_indices_from(S)] += self.c
+        return S
+
+    def shifted(self, ridge: float) -> "ScaledIdentityPlusLowRank":
+        """Σ + ridge·I."""
+        return ScaledIdentityPlusLowRank(self.c + ridge, self.W)
+
+    def project(self, U: np.ndarray) -> "ScaledIdentityPlusLowRank":
+        """Uᵀ Σ U for U (d, q) with orthonormal columns: c I_q + (UᵀW)(UᵀW)ᵀ."""
+        return ScaledIdentityPlusLowRank(self.c, U.T @ self.W)
+
+    def key(self) -> bytes:
+        """Bytes identifying Σ's representation (equal inputs give equal keys)."""
+        return np.float64(self.c).tobytes() + self.W.tobytes(order="F")
+
+
+def factor_scaled_identity(C: np.ndarray, c: float, max_rank: int, rtol: float = 1e-13):
+    """Σ = C as :class:`ScaledIdentityPlusLowRank` with the given c, when that is exact.
+
+    C − c I is factored by a diagonally pivoted Cholesky decomposition stopped when the
+    largest remaining pivot is below ``rtol · tr C`` (O(d r²), no eigendecomposition); the
+    factor is kept only when it has at most ``max_rank`` columns and reproduces C,
+    ‖C − (c I + W Wᵀ)‖_F ≤ rtol·‖C‖_F·√d (a wrong c or a full-rank C gives None).
+
+    Parameters
+    ----------
+    C : (d, d) symmetric PSD float64
+    c : the scalar part (for a Ledoit–Wolf covariance with shrinkage s: s·tr C/d)
+    max_rank : most columns of W
+
+    Returns
+    -------
+    :class:`ScaledIdentityPlusLowRank` or None
+    """
+    C = np.asarray(C, dtype=np.float64)
+    d = C.shape[0]
+    if not (np.isfinite(c) and c >= 0):
+        return None
+    tol = rtol * max(float(np.trace(C)), np.finfo(float).tiny)
+    diag = C.diagonal() - c
+    W = np.zeros((d, max(0, max_rank) + 1), order="F")
+    r = 0
+    while True:
+        p = int(np.argmax(diag))
+        if diag[p] <= tol:
+            break
+        if r == W.shape[1]:
+            return None
+        col = C[:, p].copy()
+        col[p] -= c
+        col -= W[:, :r] @ W[p, :r]
+        col /= np.sqrt(diag[p])
+        W[:, r] = col
+        diag -= col * col
+        diag[p] = 0.0
+        r += 1
+    if r > max_rank:
+        return None
+    out = ScaledIdentityPlusLowRank(c, W[:, :r].copy(order="F"))  # not a view of W's (d, max_rank)
+    err = out.dense()
+    err -= C
+    out.error = float(np.linalg.norm(err))
+    if out.error > rtol * np.sqrt(d) * max(np.linalg.norm(C), np.finfo(float).tiny):
+        return None
+    return out

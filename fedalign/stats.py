@@ -275,6 +275,9 @@ class GaussianStats:
     shrinkage : float (scikit-learn convention: weight on the scaled identity)
     moments : Moments
     class_names : list of str
+    storage : "float64", or "float32" when a file stored the matrices so (read back as
+        float64)
+    meta : the metadata of the file it was read from (empty otherwise)
     dp : None, or the record of a differentially private release (:mod:`fedalign.dp`): the
         moments are then noisy sums around shift 0 without fourth-moment sums
     """
@@ -286,10 +289,20 @@ class GaussianStats:
     moments: Moments
     class_names: list = field(default_factory=list)
     dp: dict | None = None
+    storage: str = "float64"
+    meta: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def d(self) -> int:
         return self.mean.shape[0]
+
+    def require_float64(self, source, why: str) -> None:
+        """Refuse statistics whose matrices a file stored in float32 (``stats --dtype
+        float32``) where ``why`` needs float64 sums."""
+        if self.storage != "float64":
+            raise FedalignError(f"{source}: the statistics are stored in {self.storage}; {why} "
+                                "needs float64 (recompute them with `fedalign stats` without "
+                                "--dtype float32)")
 
 
 def moments_of_file(path, per_class: bool = False, chunk_rows: int = CHUNK_ROWS, progress=None,
@@ -361,8 +374,20 @@ def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:
                         f"s={s:.3g} ({why}); use shrinkage 'auto' or a value > 0")
 
 
-def save_stats(path, st: GaussianStats, meta: dict | None = None):
-    """Write a stats file (aggregates only)."""
+#: Stats file layouts: ``full`` (format_version 1, the default: every matrix d × d in
+#: float64) and ``compact`` (format_version 2: the covariance and Σyyᵀ stored once, as
+#: their upper triangles, in float64 or float32).
+STATS_VERSIONS = {"full": 1, "compact": 2}
+
+
+def save_stats(path, st: GaussianStats, meta: dict | None = None, compact: bool = False,
+               dtype: str = "float64"):
+    """Write a stats file (aggregates only).
+
+    ``compact``: format_version 2, the symmetric (d, d) matrices stored once (upper
+    triangle: d(d+1)/2 numbers); ``dtype`` "float32" (implies ``compact``) halves that again,
+    the arithmetic of every reader staying float64.
+    """
     from fedalign.files import write_npz
 
     m = st.moments.finalize()
@@ -376,14 +401,20 @@ def save_stats(path, st: GaussianStats, meta: dict | None = None):
         arrays["class_sums"] = m.class_sums
         if st.class_names and len(st.class_names) == len(m.class_counts):
             arrays["class_names"] = np.array(st.class_names, dtype=str)
-    return write_npz(path, "stats", arrays, meta)
+    compact = compact or dtype != "float64"
+    return write_npz(path, "stats", arrays, meta, version=STATS_VERSIONS["compact" if compact
+                                                                          else "full"],
+                     dtype=dtype)
 
 
-def load_stats(path) -> GaussianStats:
-    """Read and validate a stats file."""
+def load_stats(path, check_spd: bool = True) -> GaussianStats:
+    """Read and validate a stats file (format_version 1 or 2; ``storage`` says whether its
+    matrices were stored in float32). ``check_spd=False``: the caller proves the covariance
+    positive definite itself (:func:`fedalign.files.read_npz`)."""
     from fedalign.files import read_npz
 
-    a, meta = read_npz(path, "stats")
+    info = {}
+    a, meta = read_npz(path, "stats", info, spd=check_spd)
     n = int(a["n"])
     if n < 2:
         raise FedalignError(f"{path}: stats from fewer than 2 samples (n={n})")
@@ -405,4 +436,6 @@ def load_stats(path) -> GaussianStats:
         m.class_sums = a["class_sums"].astype(float)
     names = [str(s) for s in a.get("class_names", [])] or list(meta.get("class_names", []))
     return GaussianStats(n, a["mean"].astype(float), a["covariance"].astype(float),
-                         float(a["shrinkage"]), m, names, dp=dp)
+                         float(a["shrinkage"]), m, names, dp=dp, storage=info["dtype"],
+                         meta=meta)
+

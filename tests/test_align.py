@@ -100,3 +100,36 @@ def test_same_input_same_bytes(federation, tmp_path):
     align_file(files[0][0], tmp_path / "a.h5", amap, 0.4)
     align_file(files[0][0], tmp_path / "b.h5", amap, 0.4)
     assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+
+
+def test_server_loader_proves_factored_covariances_definite_and_refuses_singular_ones(tmp_path):
+    """load_client_stats skips read_npz's Cholesky only for an exact c I + W Wᵀ with c > 0;
+    a singular covariance (c = 0: shrinkage 0, n < d) in a file that skipped the writer's
+    check is still refused, naming the file."""
+    import numpy as np
+
+    from fedalign.align import load_client_stats
+    from fedalign.errors import FedalignError
+    from fedalign.files import pack_symmetric
+    from fedalign.linalg import ScaledIdentityPlusLowRank
+
+    rng = np.random.default_rng(0)
+    d, n = 40, 6
+    paths = []
+    for k, s in enumerate((0.3, 0.0)):
+        X = rng.normal(size=(n, d))
+        Y = X - X.mean(0)
+        S = Y.T @ Y / n
+        C = (1 - s) * S + s * np.trace(S) / d * np.eye(d)
+        arrays = dict(n=np.int64(n), mean=X.mean(0), covariance_triu=pack_symmetric(C),
+                      shrinkage=np.float64(s), shift=np.zeros(d), sum_y=X.sum(0),
+                      sum_yy_triu=pack_symmetric(X.T @ X), sum_sqnorm_y=np.zeros(d),
+                      sum_sqnorm2=np.float64(1.0), __kind__=np.array("stats"),
+                      __format_version__=np.array(2), __meta__=np.array("{}"))
+        paths.append(tmp_path / f"c{k}.stats.npz")
+        np.savez(paths[-1], **arrays)
+    (good,) = load_client_stats(paths[:1], "factored")
+    assert isinstance(good.stats.covariance, ScaledIdentityPlusLowRank)
+    assert good.stats.covariance.rank == n - 1
+    with pytest.raises(FedalignError, match="c1.stats.npz: 'covariance' is not positive definite"):
+        load_client_stats(paths, "factored")

@@ -178,3 +178,42 @@ def test_transaction_finds_its_outputs_by_any_spelling_in_one_lookup(tmp_path, m
     assert [(tmp_path / f"f{i}.txt").read_text() for i in (0, 3, n - 1)] == ["0", "3", str(n - 1)]
     assert (tmp_path / "old").read_text() == "new"
     assert not [p for p in tmp_path.iterdir() if ".fedalign-tmp-" in p.name]
+
+
+def test_packed_symmetric_round_trip_and_stats_version_2(tmp_path):
+    """format_version 2 stores symmetric matrices once (upper triangle); readers unpack them
+    to the same float64 matrix (exact in float64), report the storage dtype, read v1 too,
+    and npz_header gives shapes without reading arrays."""
+    from fedalign.files import npz_header, pack_symmetric, unpack_symmetric, write_npz
+
+    rng = np.random.default_rng(0)
+    d = 6
+    Z = rng.normal(size=(20, d))
+    C = Z.T @ Z / 20
+    P = pack_symmetric(C)
+    assert P.shape == (d * (d + 1) // 2,)
+    np.testing.assert_array_equal(unpack_symmetric(P), C)
+    arrays = dict(n=np.int64(20), mean=np.zeros(d), covariance=C, shrinkage=np.float64(0.1),
+                  shift=np.zeros(d), sum_y=np.zeros(d), sum_yy=20 * C,
+                  sum_sqnorm_y=np.zeros(d), sum_sqnorm2=np.float64(1.0))
+    for version, dtype in ((1, "float64"), (2, "float64"), (2, "float32")):
+        p = write_npz(tmp_path / f"v{version}{dtype}.npz", "stats", arrays, version=version,
+                      dtype=dtype)
+        info = {}
+        a, _ = read_npz(p, "stats", info)
+        assert info == dict(format_version=version, dtype=dtype)
+        tol = 0 if dtype == "float64" else 1e-6
+        np.testing.assert_allclose(a["covariance"], C, rtol=tol, atol=tol)
+        assert a["covariance"].dtype == np.float64 and a["covariance"].shape == (d, d)
+        h = npz_header(p, "stats")
+        assert h["format_version"] == version and h["shapes"]["covariance"] == (d, d)
+    with pytest.raises(FedalignError, match="float32 range"):
+        pack_symmetric(np.eye(2) * 1e39, "float32")
+    with pytest.raises(FedalignError, match="packed formats"):
+        write_npz(tmp_path / "x.npz", "reference", dict(mean=np.zeros(d), covariance=C,
+                  weights=np.ones(1), n=np.ones(1, dtype=np.int64)), dtype="float32")
+    bad = tmp_path / "v9.npz"
+    np.savez(bad, __kind__=np.array("stats"), __format_version__=np.array(9))
+    for reader in (read_npz, npz_header):
+        with pytest.raises(FedalignError, match="format_version 9 is not supported .expected 1 or 2"):
+            reader(bad, "stats")

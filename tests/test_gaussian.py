@@ -394,3 +394,64 @@ def test_singular_iterate_gets_the_smallest_ridge_that_factors_it():
         np.testing.assert_array_equal(L, np.sqrt(3.0) * np.eye(2))
         with pytest.raises(FedalignError, match="lost positive definiteness"):
             _safe_cholesky(-np.eye(2), kern)
+
+
+def _small_clients(K, d, n, seed=0):
+    """K shrunk covariances of n < d rows each (the form of many small clients), with c."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(K):
+        X = (rng.normal(size=(n, d)) * rng.uniform(0.2, 3.0, size=d)) @ np.diag(
+            rng.uniform(0.5, 2.0, size=d))
+        X -= X.mean(0)
+        S = X.T @ X / n
+        s = rng.uniform(0.1, 0.6)
+        C = (1 - s) * S
+        C[np.diag_indices(d)] += s * np.trace(S) / d
+        out.append((C, s * np.trace(C) / d))
+    return out
+
+
+@pytest.mark.parametrize("K,d,n", [(12, 70, 8), (2, 80, 12)])  # full span; reduced (span ≤ d/2)
+def test_factored_covariances_give_the_dense_barycenter(K, d, n):
+    """c I + W Wᵀ storage is exact: the dense fixed point is the oracle (≤ 1e-8 relative),
+    with the same convergence record; the second case takes the scalar-complement split."""
+    from fedalign.linalg import factor_scaled_identity
+
+    cl = _small_clients(K, d, n)
+    w = np.random.default_rng(1).uniform(1, 2, size=K)
+    dense = bures_barycenter([C for C, _ in cl], w)
+    fact = bures_barycenter([factor_scaled_identity(C, c, d // 2) for C, c in cl], w)
+    rel = np.linalg.norm(fact.covariance - dense.covariance) / np.linalg.norm(dense.covariance)
+    assert rel <= 1e-8 and fact.converged and fact.iterations == dense.iterations
+    assert fact.reduced_dim == dense.reduced_dim
+    assert (fact.reduced_dim is not None) == (K == 2)
+
+
+def test_identical_clients_merge_into_one_with_their_summed_weight():
+    rng = np.random.default_rng(5)
+    covs = [_spd(6, rng) for _ in range(3)]
+    w = np.array([0.1, 0.2, 0.3, 0.4])
+    merged = bures_barycenter(covs + [covs[1].copy()], w, merge_identical=True)
+    oracle = bures_barycenter(covs, [0.1, 0.6, 0.3])
+    np.testing.assert_allclose(merged.covariance, oracle.covariance, rtol=1e-12)
+    plain = bures_barycenter(covs + [covs[1].copy()], w)
+    np.testing.assert_allclose(plain.covariance, oracle.covariance, rtol=1e-8)
+
+
+def test_factored_covariances_on_the_torch_backend():
+    pytest.importorskip("torch")
+    from fedalign._bures_fixed_point import _TorchKernels
+    from fedalign.linalg import factor_scaled_identity
+
+    cl = _small_clients(5, 70, 6, seed=2)
+    fact = [factor_scaled_identity(C, c, 35) for C, c in cl]
+    mixed = fact[:3] + [C for C, _ in cl[3:]]
+    ref = bures_barycenter([C for C, _ in cl])
+    old = _TorchKernels.BATCH
+    _TorchKernels.BATCH = 2  # several batches
+    try:
+        got = bures_barycenter(mixed, backend="torch")
+    finally:
+        _TorchKernels.BATCH = old
+    assert np.linalg.norm(got.covariance - ref.covariance) <= 1e-8 * np.linalg.norm(ref.covariance)

@@ -124,3 +124,85 @@ def test_subprocess_bad_input_exit_code(tmp_path):
                         str(tmp_path / "s.npz")], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr
+
+
+def _small_client(path, k, n=16, d=70, domain="a"):
+    """A client with n < d/2 rows (its shrunk covariance is c I + rank n − 1)."""
+    rng = np.random.default_rng(k)
+    X = (rng.normal(size=(n, d)) * rng.uniform(0.3, 2.0, size=d) + k).astype(np.float32)
+    write_features(path, X, rng.integers(0, 2, size=n), [f"{k}_{i}" for i in range(n)],
+                   class_names=["a", "b"], provenance={"client": f"c{k}", "domain": domain})
+    return path
+
+
+def test_compact_and_float32_stats_files(tmp_path):
+    """--compact (format_version 2) holds the same numbers in about half the bytes; --dtype
+    float32 a quarter, within float32 rounding; barycenters of the factored (server) storage
+    equal the dense ones (≤ 1e-8), and of compact files exactly those of full files."""
+    from fedalign.stats import load_stats
+
+    full, comp, f32 = [], [], []
+    for k in range(4):
+        p = _small_client(tmp_path / f"c{k}.h5", k)
+        for opts, out in (((), full), (("--compact",), comp), (("--dtype", "float32"), f32)):
+            s = tmp_path / f"c{k}{''.join(o.strip('-')[:3] for o in opts)}.stats.npz"
+            r = run("stats", p, "-o", s, *opts)
+            assert r.exit_code == 0, r.output
+            out.append(s)
+    size = lambda ps: sum(p.stat().st_size for p in ps)  # noqa: E731
+    assert size(comp) < 0.6 * size(full) and size(f32) < 0.35 * size(full)  # + metadata
+    a, b, c = load_stats(full[0]), load_stats(comp[0]), load_stats(f32[0])
+    np.testing.assert_array_equal(a.covariance, b.covariance)
+    np.testing.assert_array_equal(a.moments.sum_yy, b.moments.sum_yy)
+    np.testing.assert_allclose(c.covariance, a.covariance, rtol=1e-6, atol=1e-7 * np.abs(a.covariance).max())
+    assert (a.storage, b.storage, c.storage) == ("float64", "float64", "float32")
+    refs = {}
+    for name, files, storage in (("dense", full, "dense"), ("factored", full, "factored"),
+                                 ("compact", comp, "dense"), ("f32", f32, "factored")):
+        r = run("barycenter", *files, "-o", tmp_path / f"{name}.ref.npz", "--storage", storage)
+        assert r.exit_code == 0, r.output
+        refs[name] = read_npz(tmp_path / f"{name}.ref.npz", "reference")[0]["covariance"]
+    rel = lambda x: np.linalg.norm(x - refs["dense"]) / np.linalg.norm(refs["dense"])  # noqa: E731
+    assert rel(refs["factored"]) <= 1e-8
+    np.testing.assert_array_equal(refs["compact"], refs["dense"])
+    assert 0 < rel(refs["f32"]) <= 1e-5   # float32 inputs: a bounded, measured difference
+
+
+def test_float32_stats_refused_by_a_domain_map(tmp_path):
+    stats = []
+    for k in range(2):
+        p = _small_client(tmp_path / f"c{k}.h5", k)
+        stats.append(tmp_path / f"c{k}.stats.npz")
+        assert run("stats", p, "-o", stats[-1], "--dtype", "float32").exit_code == 0
+    assert run("barycenter", *stats, "-o", tmp_path / "ref.npz").exit_code == 0
+    out = tmp_path / "al.h5"
+    r = run("align", tmp_path / "c0.h5", tmp_path / "ref.npz", "--stats", stats[0],
+            "--stats", stats[1], "-o", out)
+    _assert_clean_error(r, out, "stored in float32")
+    r = run("stats", tmp_path / "c0.h5", "-o", tmp_path / "x.npz", "--dtype", "float16")
+    _assert_clean_error(r, tmp_path / "x.npz", "--dtype must be")
+
+
+def test_many_stats_files_are_checked_by_their_headers_first(tmp_path):
+    """Among many files, the first one of another dimension or version is the error, and
+    the files after it are not opened (a damaged one there goes unseen); an empty folder or
+    an unexpanded glob is one error line; nothing is written."""
+    import shutil
+
+    p = _small_client(tmp_path / "c0.h5", 0)
+    assert run("stats", p, "-o", tmp_path / "s000.stats.npz").exit_code == 0
+    files = [tmp_path / "s000.stats.npz"]
+    for i in range(1, 8):
+        files.append(tmp_path / f"s{i:03d}.stats.npz")
+        shutil.copy(files[0], files[-1])
+    q = _small_client(tmp_path / "odd.h5", 1, d=71)
+    assert run("stats", q, "-o", files[4]).exit_code == 0          # the offender: d = 71
+    files[6].write_bytes(b"PK\x03\x04 damaged")                      # after it: never read
+    out = tmp_path / "ref.npz"
+    _assert_clean_error(run("barycenter", *files, "-o", out), out, f"{files[4].name}: dimension mismatch")
+    np.savez(files[2], __kind__=np.array("stats"), __format_version__=np.array(3))
+    _assert_clean_error(run("barycenter", *files, "-o", out), out, "format_version 3 is not supported")
+    (tmp_path / "empty").mkdir()
+    _assert_clean_error(run("barycenter", tmp_path / "empty", "-o", out), out, "not a file")
+    _assert_clean_error(run("barycenter", tmp_path / "empty" / "*.stats.npz", "-o", out), out,
+                        "no such file")

@@ -45,6 +45,8 @@ def stats_cmd(
     clip: Optional[float] = typer.Option(None, "--clip", help="L2 norm C every row is clipped to for the DP release (> 0)."),
     dp_mechanism: str = typer.Option("analytic", "--dp-mechanism", help="analytic (Balle & Wang's exact calibration, default) or zcdp (ρ-zCDP, standard conversion to (ε, δ))."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the DP noise (reproducible, so not secret: for tests). Default: fresh from the OS."),
+    compact: bool = typer.Option(False, "--compact", help="Store the symmetric matrices once, as their upper triangles (format_version 2: half the bytes, exact). Example: fedalign stats c3.h5 -o c3.stats.npz --compact"),
+    dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 storage of the matrices (implies --compact: a quarter of the bytes; readers compute in float64; a domain map of several clients, align --stats … --stats …, refuses float32 files)."),
 ):
     """Mean and Ledoit–Wolf shrunk covariance of a features file, in one streaming pass.
 
@@ -59,6 +61,11 @@ def stats_cmd(
 
     from fedalign.align import stats_digest
 
+    from fedalign.errors import FedalignError
+    from fedalign.files import PACKED_DTYPES
+
+    if dtype not in PACKED_DTYPES:
+        raise FedalignError(f"--dtype must be {' or '.join(PACKED_DTYPES)}, got {dtype!r}")
     spec = _dp_spec(dp_epsilon, dp_delta, clip, dp_mechanism, seed, per_class, shrinkage)
     shr = parse_shrinkage(shrinkage)
     bk = _compute(backend, device)
@@ -86,7 +93,7 @@ def stats_cmd(
                     domain=domain, stats_sha256=stats_digest(st))
     if bk.record():
         meta["compute"] = bk.record()
-    save_stats(output, st, meta)
+    save_stats(output, st, meta, compact=compact, dtype=dtype)
     dp_note = ""
     if spec is not None:
         g = st.dp["guarantee"]
@@ -150,7 +157,11 @@ def _domain_map(stats, ref, load_stats, domain_map):
     if len(doms) > 1:
         raise FedalignError(f"a domain map pools the clients of one domain; the stats come from "
                             f"domains {', '.join(doms)}")
-    return domain_map([load_stats(p) for p in stats], ref, doms[0], [m["client"] for m in metas])
+    sts = [load_stats(p) for p in stats]
+    for p, st in zip(stats, sts):
+        st.require_float64(p, "a domain map (its clients' moment sums pooled, Ledoit–Wolf's "
+                              "fourth-moment algebra recomputed on them)")
+    return domain_map(sts, ref, doms[0], [m["client"] for m in metas])
 
 
 @command("barycenter", outputs=("output",),
@@ -162,6 +173,10 @@ def barycenter_cmd(
     tol: float = typer.Option(1e-10, min=0.0, help="Relative tolerance of the fixed point."),
     max_iter: int = typer.Option(100, min=1, help="Maximum fixed-point iterations."),
     strict: bool = typer.Option(False, "--strict", help="A barycenter that does not converge is an error (exit 2, nothing written)."),
+    storage: str = typer.Option("auto", help="How the server holds the clients' covariances: "
+                                "factored (c·I + W Wᵀ, exact, for clients with fewer rows than "
+                                "d/2: memory K·d·n instead of K·d²), dense, or auto (factored "
+                                "when K dense matrices would take over 1 GiB)."),
     backend: str = _backend_option(),
     device: str = _device_option(),
 ):
@@ -169,15 +184,17 @@ def barycenter_cmd(
 
     Fixed point of Álvarez-Esteban et al. (2016) in float64; the convergence record
     (iterations, relative change, residual ‖Σ w_k A_k⁻¹ − I‖) is stored and printed.
+    Every file's header is checked before any is read (a file of another dimension or
+    version is the error); clients with identical statistics count once, with their weights
+    summed.
     """
-    from fedalign.align import make_reference, save_reference
-    from fedalign.files import check_distinct, sha256_file
-    from fedalign.stats import load_stats
+    from fedalign.align import load_client_stats, make_reference, save_reference
 
     bk = _compute(backend, device)
     t0 = time.perf_counter()
-    check_distinct(stats, "stats file")
-    sts = [load_stats(p) for p in stats]
+    with progress_bar(len(stats), f"reading {len(stats)} stats files", unit="files") as bar:
+        clients = load_client_stats(stats, storage, progress=bar)
+    sts = [c.stats for c in clients]
     with progress_bar(None, f"barycenter K={len(sts)} d={sts[0].d}", unit="iterations") as bar:
         ref = make_reference(sts, weights, tol=tol, max_iter=max_iter, backend=bk,
                              progress=lambda it, rel, res: bar.update(
@@ -191,12 +208,11 @@ def barycenter_cmd(
         if strict:
             raise FedalignError(f"{why}; raise --max-iter or --tol, or drop --strict")
         err.print(f"warning: {why}; the reference records converged = false")
-    from fedalign.align import stats_digest
     from fedalign.dp import reference_inputs
 
     extra = dict(producer="fedalign barycenter", sources=[str(p) for p in stats],
-                 source_sha256=[sha256_file(p) for p in stats])
-    dp_inputs = reference_inputs([_stats_meta(p) for p in stats], [stats_digest(st) for st in sts])
+                 source_sha256=[c.sha256 for c in clients])
+    dp_inputs = reference_inputs([c.meta for c in clients], [c.digest for c in clients])
     if dp_inputs is not None:
         extra["dp_inputs"] = dp_inputs  # each input's DP record (None: exact statistics)
     save_reference(output, ref, extra)
