@@ -257,3 +257,38 @@ def test_dadil_evaluate_all_rows(federation):
     assert "C=" in r.output and "oracle (labeled target GMM)" in r.stdout
     r = _run("report", tmp / "all.json")
     assert r.exit_code == 0 and "DeFed aggregation (map)" in r.stdout, r.output
+
+
+def test_lda_head_through_dadil_evaluate_and_evaluate(federation):
+    """--target-adapt adds the lda head to every GMM row; evaluate -m dadil gives the same."""
+    tmp, gp, state = federation
+    srcs = []
+    for i in range(2):
+        Xs, ys = blobs(i)
+        write_features(tmp / f"h{i}.h5", Xs, ys, [str(j) for j in range(len(ys))], ["a", "b"])
+        srcs.append(tmp / f"h{i}.h5")
+    Xa, _ = blobs(2, n=100, seed=107)      # the target's adaptation rows, written unlabeled
+    write_features(tmp / "tgt.adapt.h5", Xa, -np.ones(len(Xa), int),
+                   [str(j) for j in range(len(Xa))], ["a", "b"], {"domain": "tgt"})
+    test = tmp / "tgt.test.h5"
+    r = _run("dadil-evaluate", "--test", test, "--state", f"agg={state}", "--source", srcs[0],
+             "--source", srcs[1], "--target-adapt", tmp / "tgt.adapt.h5", "--seeds", "0-1",
+             "--n-per-class", 100, "--json", tmp / "lda.json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp / "lda.json").read_text())
+    assert set(rep["accuracy"]["agg"]) == {"linear", "map", "lda"}
+    assert rep["records"]["lda head"]["shrinkage_rule"] == "leave-one-source-domain-out"
+    lda = rep["accuracy"]["agg"]["lda"]
+    assert lda[0] == lda[1] and lda[0] > 0.5        # seed-free; above chance on 2 classes
+    r = _run("evaluate", "-m", "dadil", "--input", state, "--test", test, "--seeds", "0-1",
+             "--param", "dadil.classifier=lda", "--param", f"dadil.target_adapt={tmp / 'tgt.adapt.h5'}",
+             "--param", f"dadil.sources={srcs[0]},{srcs[1]}", "--json", tmp / "ev_lda.json")
+    assert r.exit_code == 0, r.output
+    ev = json.loads((tmp / "ev_lda.json").read_text())["methods"]["dadil"]
+    assert [a["tgt"] for a in ev["per_seed"]] == rep["accuracy"]["agg"]["lda"]
+    _one_error(_run("evaluate", "-m", "dadil", "--input", state, "--test", test,
+                    "--param", "dadil.classifier=lda"), "dadil.target_adapt=FILE")
+    _one_error(_run("dadil-evaluate", "--test", test, "--state", state, "--classifier", "lda"),
+               "lda head needs")
+    _one_error(_run("dadil-evaluate", "--test", test, "--state", state, "--source", srcs[0],
+                    "--target-adapt", test), "same file")

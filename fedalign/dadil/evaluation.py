@@ -392,7 +392,7 @@ def state_for_domain(states: dict, domain: str, n_tests: int):
                         f"({', '.join(sorted(states)) or 'none'})")
 
 
-DADIL_PARAMS = ("classifier", "n_per_class", "threads")
+DADIL_PARAMS = ("classifier", "n_per_class", "threads", "target_adapt", "sources")
 
 
 def evaluate_dadil(inputs, tests, class_names, seeds, params):
@@ -406,8 +406,10 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
     tests : list of :class:`fedalign.evaluate.TestDomain`
     class_names : C = len(class_names); every state must have C classes and the test's d
     seeds : the sampling seeds of the linear head
-    params : ``classifier=linear|map`` (default linear), ``n_per_class=N`` (500),
-        ``threads=N`` (1)
+    params : ``classifier=linear|map|lda`` (default linear), ``n_per_class=N`` (500),
+        ``threads=N`` (1); ``lda`` (one test domain) also needs ``target_adapt=FILE`` (the
+        target's adaptation rows) and ``sources=FILE,FILE,…`` (labeled source features in the
+        dictionary's coordinates)
 
     Returns
     -------
@@ -421,9 +423,9 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
         raise FedalignError(f"unknown dadil option {sorted(unknown)[0]!r} "
                             f"({', '.join(DADIL_PARAMS)})")
     clf = str(params.get("classifier", "linear"))
-    if clf not in CLASSIFIERS:
-        raise FedalignError(f"dadil.classifier must be one of {', '.join(CLASSIFIERS)}, "
-                            f"got {clf!r}")
+    if clf not in HEADS:
+        raise FedalignError(f"dadil.classifier must be one of {', '.join(HEADS)}, got {clf!r}")
+    rows_kw = _lda_inputs(clf, params, tests)
     try:
         npc = int(params.get("n_per_class", 500))
         threads = int(params.get("threads", 1))
@@ -442,12 +444,31 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
         st = state_for_domain(states, t.domain, len(tests))
         _check_state(st, paths[st.client], t.X.shape[1], C, t.path)
         r = evaluate_target(t.X, t.y, n_classes=C, domain=t.domain, seeds=seeds,
-                            classifiers=(clf,), states={"dadil": st}, n_per_class=npc)
+                            classifiers=(clf,), states={"dadil": st}, n_per_class=npc,
+                            **rows_kw)
         per_domain[t.domain] = r.accuracy["dadil"][clf]
     per_seed = [{dom: accs[i] for dom, accs in per_domain.items()} for i in range(len(seeds))]
     return MethodResult("dadil", [int(s) for s in seeds], per_seed,
                         dict(classifier=clf, n_per_class=npc))
 
+
+
+def _lda_inputs(clf: str, params: dict, tests) -> dict:
+    """evaluate_target's target_adapt / head_sources for ``dadil.classifier=lda``."""
+    from fedalign.files import read_features
+
+    if clf != ROWS_HEAD:
+        if "target_adapt" in params or "sources" in params:
+            raise FedalignError("dadil.target_adapt and dadil.sources are read only with "
+                                "dadil.classifier=lda")
+        return {}
+    if len(tests) != 1 or "target_adapt" not in params or "sources" not in params:
+        raise FedalignError("dadil.classifier=lda needs one test domain, "
+                            "dadil.target_adapt=FILE and dadil.sources=FILE,FILE,…")
+    d = tests[0].X.shape[1]
+    Xa, _, _ = read_features(params["target_adapt"])
+    return dict(target_adapt=Xa, head_sources=_read_sources(
+        [q for q in str(params["sources"]).split(",") if q], d))
 
 
 def target_report(result: TargetResult, test, states: dict | None = None,
