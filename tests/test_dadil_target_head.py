@@ -98,7 +98,7 @@ def test_target_head_bad_inputs(data):
     with pytest.raises(FedalignError, match="out of range"):
         th.target_rows(Xt, [(srcs[0][0], srcs[0][1] + C)], C)
     with pytest.raises(FedalignError, match="no labels"):
-        th.fit_target_head(fit_gmm(Xt, None, 3, seed=0), Xt, srcs, C)
+        th.fit_target_head(fit_gmm(Xt, None, 3, n_classes=C, seed=0), Xt, srcs, C)
 
 
 def test_evaluate_target_adds_the_lda_rows_only_with_the_target_rows(data):

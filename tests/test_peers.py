@@ -206,6 +206,11 @@ def test_cli_peers_refuses_missing_inputs_and_missing_skada(files, monkeypatch):
 
     from fedalign.cli import app
 
+    from fedalign.files import read_features
+    from fedalign.gmm import fit_gmm, save_gmm
+
+    Xa, ya, info = read_features(files / "t.adapt.h5")
+    save_gmm(files / "o.gmm.npz", fit_gmm(Xa, ya, 1, n_classes=len(info["class_names"]), seed=0))
     base = ["dadil-evaluate", "--test", files / "t.test.h5", "--json", files / "bad.json"]
     r = _fedalign(*base, "--source", files / "s0.h5", "--peers")   # a real process: exit 2
     assert r.returncode == 2
@@ -218,8 +223,8 @@ def test_cli_peers_refuses_missing_inputs_and_missing_skada(files, monkeypatch):
 
     _one_error(invoke("--target-adapt", files / "t.adapt.h5", "--peers", "--state",
                       files / "s0.h5"), "--source", "output")
-    _one_error(invoke("--source", files / "s0.h5", "--target-adapt", files / "t.adapt.h5"),
-               "only with --peers", "output")
+    _one_error(invoke("--oracle-gmm", files / "o.gmm.npz", "--target-adapt",
+                      files / "t.adapt.h5"), "lda head needs", "output")   # no --source
     _one_error(invoke("--source", files / "s0.h5", "--target-adapt", files / "t.test.h5",
                       "--peers"), "same file", "output")
     monkeypatch.setitem(sys.modules, "skada", None)
