@@ -238,20 +238,8 @@ def fit_target_head(gmm, X_adapt, sources: list, n_classes: int, *, shrinkage=No
 
     if gmm.labels is None:
         raise FedalignError("the target's barycenter has no labels: cannot pseudo-label")
-    X_adapt = np.asarray(X_adapt, np.float64)
-    if X_adapt.ndim != 2 or X_adapt.shape[1] != gmm.d or len(X_adapt) == 0:
-        raise FedalignError(f"the target's adaptation rows have shape {X_adapt.shape}, the "
-                            f"barycenter has d={gmm.d}")
-    if not sources:
-        raise FedalignError("the lda head needs the labeled sources' class statistics")
-    for i, (X, _) in enumerate(sources):
-        if np.asarray(X).shape[1] != gmm.d:
-            raise FedalignError(f"source {i} has d={np.asarray(X).shape[1]}, the barycenter "
-                                f"has d={gmm.d}")
-    if shrinkage is None:
-        shrinkage, record = choose_shrinkage(sources, n_classes, grid)
-    else:
-        record = dict(shrinkage_rule="given", grid=[], scores=[])
+    rows = target_rows(X_adapt, sources, n_classes, shrinkage=shrinkage, grid=grid, d=gmm.d)
+    X_adapt, shrinkage, record = rows.X, rows.shrinkage, dict(rows.record)
     ridge, shrink_to = float(shrinkage[0]), str(shrinkage[1])
     y_hat = map_predict(gmm, X_adapt)
     msgs = [class_statistics(X, y, n_classes) for X, y in sources]
