@@ -265,6 +265,23 @@ def main():
                f"{wall:.0f} s ({wall / 60:.1f} min) of wall clock"
                + (f", {sum(cpu):.0f} s of the worker processes' CPU time" if len(cpu) == len(timing)
                   else "") + ".", ""]
+    md += ["## How the defaults were chosen", "",
+           "- The `lda` head's shrinkage (ridge 0.01–0.6, towards the identity or the diagonal) "
+           "is chosen per target by leave-one-source-domain-out on the sources alone; its grid was "
+           "fixed before any run. Source-only's C: the same rule on its own grid. The peers: skada "
+           "0.6 defaults, LinearOTMapping reg 1, fixed a priori; their head takes source-only's C.",
+           "- No choice reads a target's labels. But the *design* — mapping the sources onto the "
+           "target's Gaussian first, and the `lda` head with pseudo-labels by B(α_T)'s MAP rule — "
+           "was developed while looking at seed-0/1 runs of these three benchmarks; these tables "
+           "are therefore not an untouched test of it. Alternatives tried then (seed 0 or 0–1, "
+           "target accuracy %, replacement / aggregation): on Amazon review with the sources as "
+           "they are, a logistic regression on the target's pseudo-labeled rows alone 76.8 / 77.3, "
+           "self-training 77.4 / 77.8, OT label propagation from B(α_T)'s components 78.1 / 77.4, "
+           "samples of B(α_T) plus the pseudo-labeled rows 79.2 / 75.9, the pooled sources' rows "
+           "plus the pseudo-labeled rows (not federated) 80.6 / 81.2; pseudo-labels from the "
+           "sampled linear head instead of the MAP rule 80.3 / 80.7 (Amazon), 66.0 / 65.7 "
+           "(Digits, seed 0); without the mapping onto the target's Gaussian, Digits' pooled "
+           "heads stayed at 52–55.", ""]
     summary = {}
     for ds, res in data.items():
         table, targets, seeds, avgs = main_table(res)
