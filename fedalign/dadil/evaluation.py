@@ -329,8 +329,12 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
     from fedalign.gmm import load_gmm
 
     X, y, C, domain = read_test_split(test)
-    srcs, hsrcs = (_read_sources(ps, X.shape[1]) for ps in (sources, head_sources))
+    srcs = _read_sources(sources, X.shape[1])
+    if head_sources and target_adapt is None:
+        raise FedalignError("the lda head's sources are read only with the target's adaptation "
+                            "rows")
     if target_adapt is not None:
+        hsrcs = _read_sources(head_sources, X.shape[1])
         Xa, _, _ = read_features(target_adapt)
         if Xa.shape[1] != X.shape[1]:
             raise FedalignError(f"{target_adapt}: d={Xa.shape[1]}, the test file has "

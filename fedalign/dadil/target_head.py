@@ -101,14 +101,11 @@ def _path_heads(messages: list, n_classes: int, grid) -> list:
     The same heads as :func:`lda_from_statistics` for each (r, T) (to round-off): Σ = (1 − r) S
     + r T is diagonalised once per T in the coordinates where T ∝ I.
     """
-    from fedalign.heads import LinearHead, fedcgs
+    from fedalign.heads import fedcgs
 
     Nc, Mc, mu, S = fedcgs.global_statistics(messages)
     v = np.diag(S).copy()
-    D = Mc - mu
-    Sw = S - (D.T * (Nc / Nc.sum())) @ D
-    present = Nc > 0
-    logp = np.log(np.where(present, Nc, 1.0) / Nc.sum())
+    Sw = fedcgs.within(S, Nc, Mc, mu)
     heads = {}
     for target in dict.fromkeys(t for _, t in grid):
         if target == "identity":
@@ -125,21 +122,18 @@ def _path_heads(messages: list, n_classes: int, grid) -> list:
                 continue
             w = (1.0 - r) * lam + r * c
             w = np.maximum(w, 1e-12 * max(float(w.max()), 1e-300))
-            W = ((Ms / w) @ V.T) / s
-            b = np.full(len(Nc), -np.inf)
-            b[present] = -0.5 * np.einsum("cd,cd->c", W[present], Mc[present]) + logp[present]
-            W[~present] = 0.0
-            heads[(r, t)] = LinearHead(W, b)
+            heads[(r, t)] = fedcgs.head_of(Nc, Mc, ((Ms / w) @ V.T) / s)
     return [heads[g] for g in grid]
 
 
-def choose_shrinkage(sources: list, n_classes: int, grid=SHRINKAGE_GRID) -> tuple:
+def choose_shrinkage(sources: list, n_classes: int, grid=SHRINKAGE_GRID, messages=None) -> tuple:
     """(ridge, shrink_to) by leave-one-source-domain-out on the labeled sources (module docstring).
 
     Parameters
     ----------
     sources : list of (X_i (n_i, d), y_i (n_i,)) labeled source domains
     grid : candidates, in tie-breaking order
+    messages : the sources' :func:`class_statistics`, if already computed
 
     Returns
     -------
@@ -149,7 +143,7 @@ def choose_shrinkage(sources: list, n_classes: int, grid=SHRINKAGE_GRID) -> tupl
     if len(sources) < 2:
         return DEFAULT_SHRINKAGE, dict(shrinkage_rule="default (one source)", grid=grid,
                                        scores=[])
-    msgs = [class_statistics(X, y, n_classes) for X, y in sources]
+    msgs = messages or [class_statistics(X, y, n_classes) for X, y in sources]
     scores = np.zeros(len(grid))
     for i, (Xi, yi) in enumerate(sources):
         heads = _path_heads([m for j, m in enumerate(msgs) if j != i], n_classes, grid)
@@ -163,27 +157,43 @@ def choose_shrinkage(sources: list, n_classes: int, grid=SHRINKAGE_GRID) -> tupl
 @dataclass
 class TargetRows:
     """What the ``lda`` head needs besides B(α_T): the target's adaptation rows, the labeled
-    sources and the shrinkage the rule chose on them (once per target, for every barycenter).
+    sources' class statistics and the shrinkage the rule chose on them — computed once per
+    target, for every barycenter.
 
     Attributes
     ----------
     X : (n, d) the target's unlabeled adaptation rows
-    sources : list of (X_i (n_i, d), y_i (n_i,))
+    messages : the sources' :func:`class_statistics`, one per source
     n_classes : C
     shrinkage : (ridge, shrink_to); record : the rule's record (:func:`choose_shrinkage`)
     """
 
     X: np.ndarray
-    sources: list
+    messages: list
     n_classes: int
     shrinkage: tuple
     record: dict = field(default_factory=dict)
 
     def head(self, gmm) -> TargetHead:
-        """:func:`fit_target_head` of ``gmm`` on these rows, with this shrinkage."""
-        h = fit_target_head(gmm, self.X, self.sources, self.n_classes, shrinkage=self.shrinkage)
-        h.record.update(self.record)
-        return h
+        """The ``lda`` head of barycenter ``gmm`` (module docstring): pseudo-labels of the rows
+        by ``gmm``'s MAP rule, the LDA of the sources' and these rows' class statistics."""
+        from fedalign.gmm import map_predict
+
+        if gmm.labels is None:
+            raise FedalignError("the target's barycenter has no labels: cannot pseudo-label")
+        if gmm.d != self.X.shape[1]:
+            raise FedalignError(f"the barycenter has d={gmm.d}, the target's adaptation rows "
+                                f"have d={self.X.shape[1]}")
+        ridge, shrink_to = float(self.shrinkage[0]), str(self.shrinkage[1])
+        y_hat = map_predict(gmm, self.X)
+        msgs = self.messages + [class_statistics(self.X, y_hat, self.n_classes)]
+        head = lda_from_statistics(msgs, self.n_classes, ridge, shrink_to)
+        record = dict(self.record,
+                      pseudo_label_counts=np.bincount(y_hat, minlength=self.n_classes).tolist(),
+                      n_target_rows=int(len(self.X)),
+                      n_source_rows=int(sum(m["class_counts"].sum() for m in self.messages)),
+                      ridge=ridge, shrink_to=shrink_to)
+        return TargetHead(head, ridge, shrink_to, record)
 
 
 def target_rows(X_adapt, sources: list, n_classes: int, *, shrinkage=None,
@@ -208,17 +218,17 @@ def target_rows(X_adapt, sources: list, n_classes: int, *, shrinkage=None,
         if len(ys) and int(np.max(ys)) >= n_classes:
             raise FedalignError(f"source {i} of the lda head: label {int(np.max(ys))} out of "
                                 f"range for C={n_classes}")
+    msgs = [class_statistics(Xs, ys, n_classes) for Xs, ys in sources]
     if shrinkage is None:
-        shrinkage, record = choose_shrinkage(sources, n_classes, grid)
+        shrinkage, record = choose_shrinkage(sources, n_classes, grid, messages=msgs)
     else:
         record = dict(shrinkage_rule="given", grid=[], scores=[])
-    return TargetRows(X, list(sources), int(n_classes), tuple(shrinkage), record)
+    return TargetRows(X, msgs, int(n_classes), tuple(shrinkage), record)
 
 
 def fit_target_head(gmm, X_adapt, sources: list, n_classes: int, *, shrinkage=None,
                     grid=SHRINKAGE_GRID) -> TargetHead:
-    """The target's ``lda`` head (module docstring): pseudo-labels of its rows by ``gmm``'s MAP
-    rule, the LDA of the sources' and its own class statistics.
+    """The target's ``lda`` head of one barycenter: ``target_rows(...).head(gmm)``.
 
     Parameters
     ----------
@@ -234,19 +244,7 @@ def fit_target_head(gmm, X_adapt, sources: list, n_classes: int, *, shrinkage=No
     -------
     :class:`TargetHead`
     """
-    from fedalign.gmm import map_predict
-
     if gmm.labels is None:
         raise FedalignError("the target's barycenter has no labels: cannot pseudo-label")
-    rows = target_rows(X_adapt, sources, n_classes, shrinkage=shrinkage, grid=grid, d=gmm.d)
-    X_adapt, shrinkage, record = rows.X, rows.shrinkage, dict(rows.record)
-    ridge, shrink_to = float(shrinkage[0]), str(shrinkage[1])
-    y_hat = map_predict(gmm, X_adapt)
-    msgs = [class_statistics(X, y, n_classes) for X, y in sources]
-    msgs.append(class_statistics(X_adapt, y_hat, n_classes))
-    head = lda_from_statistics(msgs, n_classes, ridge, shrink_to)
-    record.update(pseudo_label_counts=np.bincount(y_hat, minlength=n_classes).tolist(),
-                  n_target_rows=int(len(X_adapt)),
-                  n_source_rows=int(sum(len(y) for _, y in sources)),
-                  ridge=ridge, shrink_to=shrink_to)
-    return TargetHead(head, ridge, shrink_to, record)
+    return target_rows(X_adapt, sources, n_classes, shrinkage=shrinkage, grid=grid,
+                       d=gmm.d).head(gmm)

@@ -164,12 +164,23 @@ def lda_head(Nc, Mc, Sigma) -> LinearHead:
     from fedalign.linalg import eigh_clipped
 
     lam, V = eigh_clipped(Sigma)
-    W = ((Mc @ V) / lam) @ V.T
+    return head_of(Nc, Mc, ((Mc @ V) / lam) @ V.T)
+
+
+def head_of(Nc, Mc, W) -> LinearHead:
+    """The LDA head of weights W = M Σ⁻¹ (C, d): b_c = −½ w_cᵀ μ_c + log(N_c/N); absent
+    classes (N_c = 0) get W_c = 0, b_c = −∞."""
     present = Nc > 0
     b = np.full(len(Nc), -np.inf)
     b[present] = -0.5 * np.einsum("cd,cd->c", W[present], Mc[present]) + np.log(Nc[present] / Nc.sum())
     W[~present] = 0.0
     return LinearHead(W, b)
+
+
+def within(S, Nc, Mc, mu, ddof: int = 0) -> np.ndarray:
+    """The within-class covariance S_w = S − Σ_c N_c/(N − ddof) (μ_c − μ)(μ_c − μ)ᵀ (d, d)."""
+    D = Mc - mu
+    return S - (D.T * (Nc / (Nc.sum() - ddof))) @ D
 
 
 def shrink(S, ridge: float, shrink_to: str = "identity", variances=None) -> np.ndarray:
@@ -197,8 +208,7 @@ def server_aggregate(messages, n_classes: int, config: Config, seed: int = 0) ->
         S = project_psd(S)
     total_variance = np.diag(S).copy()
     if config.covariance == "within":
-        D = Mc - mu
-        S = S - (D.T * (Nc / (Nc.sum() - config.ddof))) @ D
+        S = within(S, Nc, Mc, mu, config.ddof)
         if spec is not None:
             S = project_psd(S)
     d = S.shape[0]
