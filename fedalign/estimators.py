@@ -217,7 +217,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     components_per_class : k of the source GMMs (the target's has C·k components)
     n_atoms : A, atoms of the dictionary
     n_iter : iterations of the centralized learner
-    classifier : "lda", "linear" or "map"
+    classifier : "lda", "linear", "map" or "auto" (``lda`` or ``linear``, chosen on the sources
+        by :func:`fedalign.dadil.target_head.choose_head`)
     n_per_class : samples per class of the linear head
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
@@ -230,6 +231,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     gmms_ : list of S + 1 :class:`fedalign.gmm.GMM` (the sources, then the target)
     barycenter_ : :class:`fedalign.gmm.GMM`, B(α_T; atoms), labels (K, C)
     history_ : the learner's loss curves (``loss`` (n_iter,), ``domain_losses``)
+    head_kind_ : the head used ("auto" resolved to "lda" or "linear")
     n_features_in_ : d
     """
 
@@ -297,14 +299,19 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
             gmms.append(fit_gmm(X[sd == targets[0]], None, **opts))
             B, history = centralized_barycenter(gmms, len(sources), seed=int(self.seed),
                                                 n_atoms=int(self.n_atoms), n_iter=int(self.n_iter))
-            head = None
-            if self.classifier == "linear":
+            head, kind = None, self.classifier
+            if kind in ("lda", "auto"):
+                from fedalign.dadil.target_head import choose_head, target_rows
+
+                rows = target_rows(X[sd == targets[0]], labeled_sources, C, d=B.d)
+                if kind == "auto":
+                    kind = choose_head(rows, gmms[:-1], labeled_sources,
+                                       n_per_class=int(self.n_per_class), seed=int(self.seed))
+                if kind == "lda":
+                    head = rows.head(B)
+            if kind == "linear":
                 head = train_head_from_gmm(B, n_per_class=int(self.n_per_class),
                                            seed=int(self.seed))
-            elif self.classifier == "lda":
-                from fedalign.dadil.target_head import fit_target_head
-
-                head = fit_target_head(B, X[sd == targets[0]], labeled_sources, C)
         self.classes_ = classes
         self.source_domains_ = sources
         self.target_domain_ = targets[0].item()
@@ -312,6 +319,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         self.barycenter_ = B
         self.history_ = history
         self.head_ = head
+        self.head_kind_ = kind
         self.n_features_in_ = X.shape[1]
         return self
 
@@ -334,7 +342,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         X = self._features(X)
         if self.head_ is None:
             return predict_proba(self.barycenter_, X)
-        if self.classifier == "lda":   # the LDA's class posteriors, softmax of its scores
+        if self.head_kind_ == "lda":   # the LDA's class posteriors, softmax of its scores
             from scipy.special import softmax
 
             return softmax(self.head_.head.scores(X), axis=1)

@@ -113,3 +113,43 @@ def test_evaluate_target_adds_the_lda_rows_only_with_the_target_rows(data):
     with pytest.raises(FedalignError, match="lda head needs"):
         evaluate_target(Xt, yt, sources=srcs, oracle_gmm=fit_gmm(Xt, yt, 1, n_classes=C),
                         classifiers=["lda"])
+
+
+def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labels(data):
+    srcs, Xt, yt = data
+    gmms = [fit_gmm(X, y, 1, n_classes=C, seed=0) for X, y in srcs]
+    oracle = fit_gmm(Xt, yt, 1, n_classes=C)
+    kw = dict(sources=srcs, oracle_gmm=oracle, target_adapt=Xt, seeds=[0, 1],
+              head_source_gmms=gmms)
+    res = evaluate_target(Xt, yt, **kw)
+    rule = res.records["lda head"]["head_rule"]
+    assert len(rule["lda"]) == len(rule["linear"]) == len(srcs)
+    assert rule["choice"] == ("lda" if np.mean(rule["lda"]) >= np.mean(rule["linear"])
+                              else "linear")
+    assert res.accuracy["oracle"]["auto"] == res.accuracy["oracle"][rule["choice"]]
+    # the rule sees no target label: other test labels, same choice and same scores
+    other = evaluate_target(Xt, (yt + 1) % C, **kw).records["lda head"]["head_rule"]
+    assert other == rule
+    # lda's score for source 0: the others' statistics plus half A pseudo-labeled by G_0
+    X0, y0 = srcs[0]
+    perm = np.random.default_rng([0, 0, 29]).permutation(len(y0))
+    a, b = perm[: len(y0) // 2], perm[len(y0) // 2:]
+    rows = th.target_rows(Xt, srcs, C)
+    msgs = [th.class_statistics(X, y, C) for X, y in srcs[1:]]
+    msgs.append(th.class_statistics(X0[a], map_predict(gmms[0], X0[a]), C))
+    head = th.lda_from_statistics(msgs, C, *rows.shrinkage)
+    assert rule["lda"][0] == pytest.approx(np.mean(head.predict(X0[b]) == y0[b]))
+
+
+def test_auto_head_bad_inputs(data):
+    srcs, Xt, yt = data
+    oracle = fit_gmm(Xt, yt, 1, n_classes=C)
+    with pytest.raises(FedalignError, match="auto head needs"):
+        evaluate_target(Xt, yt, sources=srcs, oracle_gmm=oracle, target_adapt=Xt,
+                        classifiers=["auto"])
+    gmms = [fit_gmm(X, y, 1, n_classes=C, seed=0) for X, y in srcs]
+    with pytest.raises(FedalignError, match="one labeled GMM per source"):
+        th.choose_head(th.target_rows(Xt, srcs, C), gmms[:2], srcs)
+    with pytest.raises(FedalignError, match="unlabeled"):
+        th.choose_head(th.target_rows(Xt, srcs, C), [fit_gmm(X, None, 1, n_classes=C)
+                                                     for X, _ in srcs], srcs)

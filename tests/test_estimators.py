@@ -144,7 +144,7 @@ def test_slotalign_params_and_clone():
 # -- GMMDaDiLClassifier ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head", ["linear", "map", "lda"])
+@pytest.mark.parametrize("head", ["linear", "map", "lda", "auto"])
 def test_gmm_dadil_classifier_on_rotated_blobs(head):
     X, y, sd, Xt, yt = _rotated_blobs()
     clf = GMMDaDiLClassifier(components_per_class=2, n_iter=30, classifier=head,
@@ -158,6 +158,7 @@ def test_gmm_dadil_classifier_on_rotated_blobs(head):
     assert P.shape == (len(Xt), 3)
     np.testing.assert_allclose(P.sum(1), 1.0, atol=1e-9)
     np.testing.assert_array_equal(clf.classes_[P.argmax(1)], clf.predict(Xt))
+    assert clf.head_kind_ in (("lda", "linear") if head == "auto" else (head,))
     # same seed → same model; the target's labels are never read
     y2 = y.copy()
     again = GMMDaDiLClassifier(components_per_class=2, n_iter=30, classifier=head,

@@ -188,7 +188,8 @@ def run_job(a, job):
             kw["classifiers"] = a.heads.split(",")
         r = evaluate_target(X[te], y[te], n_classes=C, domain=T, seeds=[seed], states=states,
                             n_per_class=a.n_per_class, target_adapt=X[tr],
-                            head_sources=[src[d] for d in sources], **kw)
+                            head_sources=[src[d] for d in sources],
+                            head_source_gmms=[src_gmm[d] for d in sources], **kw)
         res["time"]["evaluate"] = time.perf_counter() - t0
         if kind == "main" and a.peers:  # the shallow DA peers, on the sources as they are
             from fedalign.peers import add_peer_rows, evaluate_peers

@@ -34,8 +34,11 @@ CLASSIFIERS = ("linear", "map")
 #: The head on the target's own rows (:mod:`fedalign.dadil.target_head`): pseudo-labels by the
 #: GMM's MAP rule, an LDA of the sources' and the target's class statistics.
 ROWS_HEAD = "lda"
+#: ``lda`` or ``linear``, chosen per target by a rule on the sources
+#: (:func:`fedalign.dadil.target_head.choose_head`).
+AUTO_HEAD = "auto"
 #: Every head a GMM-based row can have.
-HEADS = CLASSIFIERS + (ROWS_HEAD,)
+HEADS = CLASSIFIERS + (ROWS_HEAD, AUTO_HEAD)
 #: The head of the source-only row: logistic regression on real source features.
 SOURCE_ONLY_HEAD = "logreg"
 SOURCE_ONLY, ORACLE, CENTRALIZED = "source-only", "oracle", "centralized"
@@ -81,13 +84,18 @@ def gmm_classifier(gmm, classifier: str = "linear", n_per_class: int = 500, seed
     ``map``: the MAP rule argmax_c Σ_k P(k | x) V_kc (:func:`fedalign.gmm.map_predict`),
     which does not depend on the seed; ``lda``: the head on the target's own rows
     (``rows``, a :class:`fedalign.dadil.target_head.TargetRows`), which does not depend on
-    the seed either.
+    the seed either; ``auto``: whichever of ``lda`` and ``linear`` ``rows.choice`` names.
     """
     from fedalign.gmm import map_predict, train_head_from_gmm
 
     check_classifier(classifier)
     if gmm.labels is None:
         raise FedalignError("the GMM has no labels: cannot build a classifier from it")
+    if classifier == AUTO_HEAD:
+        if rows is None or rows.choice is None:
+            raise FedalignError("the auto head needs the target's adaptation rows, the labeled "
+                                "sources and their GMMs")
+        classifier = rows.choice
     if classifier == ROWS_HEAD:
         if rows is None:
             raise FedalignError("the lda head needs the target's adaptation rows and the "

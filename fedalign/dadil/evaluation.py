@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.dadil.classifiers import (CENTRALIZED, CLASSIFIERS, HEADS, ORACLE, ROWS_HEAD,
-                                        SOURCE_ONLY, SOURCE_ONLY_CS, SOURCE_ONLY_HEAD, _labeled,
+from fedalign.dadil.classifiers import (AUTO_HEAD, CENTRALIZED, CLASSIFIERS, HEADS, ORACLE,
+                                        ROWS_HEAD, SOURCE_ONLY, SOURCE_ONLY_CS, SOURCE_ONLY_HEAD, _labeled,
                                         accuracy, centralized_barycenter, gmm_classifier,
                                         parse_classifiers, source_only_classifier)
 from fedalign.dadil.state import client_barycenter, load_state
@@ -132,7 +132,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
                     target_gmm=None, oracle_gmm=None, n_per_class: int = 500,
                     source_only_Cs=SOURCE_ONLY_CS, source_only_cv: str = "lodo",
                     dictionary_kwargs: dict | None = None, progress=None, target_adapt=None,
-                    head_sources=None, shrinkage=None) -> TargetResult:
+                    head_sources=None, shrinkage=None,
+                    head_source_gmms=None) -> TargetResult:
     """Score every available method on one target domain's labeled test split.
 
     Methods (each only when its inputs are given), in this order:
@@ -168,6 +169,9 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     target_adapt, head_sources, shrinkage : the ``lda`` head's (m, d) unlabeled target rows,
         labeled sources in the dictionary's coordinates (None: ``sources``) and (ridge,
         shrink_to) (None: the rule): :func:`fedalign.dadil.target_head.target_rows`
+    head_source_gmms : the labeled GMMs of ``head_sources`` (same order and coordinates): the
+        ``auto`` head's rule (:func:`fedalign.dadil.target_head.choose_head`), added to the
+        default heads when given
 
     Returns
     -------
@@ -185,7 +189,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     if not seeds:
         raise FedalignError("give at least one seed")
     if classifiers is None:
-        classifiers = HEADS if target_adapt is not None else CLASSIFIERS
+        classifiers = CLASSIFIERS + ((ROWS_HEAD,) if target_adapt is not None else ()) + \
+            ((AUTO_HEAD,) if target_adapt is not None and head_source_gmms else ())
     classifiers = parse_classifiers(list(classifiers))
     states, source_gmms = dict(states or {}), list(source_gmms or [])
     sources = _labeled(sources) if sources else []
@@ -193,7 +198,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     C = _check_inputs(X, y, n_classes, sources, states, source_gmms, target_gmm, oracle_gmm)
     res = TargetResult(str(domain), C, int(len(y)), seeds)
     tick = progress or (lambda k: None)
-    rows = _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res)
+    rows = _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
+                        head_source_gmms, n_per_class)
     if sources:
         _source_only_row(res, X, y, sources, source_only_Cs, source_only_cv, tick)
     gmm_row = dict(res=res, X=X, y=y, classifiers=classifiers, n_per_class=n_per_class, tick=tick,
@@ -222,14 +228,21 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     return res
 
 
-def _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res):
-    """The ``lda`` head's :class:`~fedalign.dadil.target_head.TargetRows` (its shrinkage
-    chosen once, recorded under ``res.records["lda head"]``), or None without that head."""
-    from fedalign.dadil.target_head import target_rows
+def _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
+                 head_source_gmms=None, n_per_class=500):
+    """The ``lda`` / ``auto`` heads' :class:`~fedalign.dadil.target_head.TargetRows` (its
+    shrinkage and head chosen once, recorded under ``res.records["lda head"]``), or None
+    without those heads."""
+    from fedalign.dadil.target_head import choose_head, target_rows
 
-    if ROWS_HEAD not in classifiers:
+    if ROWS_HEAD not in classifiers and AUTO_HEAD not in classifiers:
         return None
+    if AUTO_HEAD in classifiers and not head_source_gmms:
+        raise FedalignError("the auto head needs the labeled sources' GMMs (its rule)")
     rows = target_rows(target_adapt, head_sources, C, shrinkage=shrinkage, d=X.shape[1])
+    if AUTO_HEAD in classifiers:
+        choose_head(rows, list(head_source_gmms), head_sources, n_per_class=n_per_class,
+                    seed=res.seeds[0])
     res.records[ROWS_HEAD + " head"] = dict(rows.record, ridge=rows.shrinkage[0],
                                             shrink_to=rows.shrinkage[1], n_target_rows=len(rows.X))
     return rows
@@ -288,7 +301,8 @@ def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick, ro
     for s in res.seeds:
         g = gmm_for_seed(s)
         for h in classifiers:
-            if h == "linear" or h not in done or done[h][0] is not g:  # same GMM: reuse
+            eff = rows.choice if h == AUTO_HEAD and rows is not None else h
+            if eff == "linear" or h not in done or done[h][0] is not g:  # same GMM: reuse
                 done[h] = (g, accuracy(gmm_classifier(g, h, n_per_class, s, rows=rows), X, y))
             acc[h].append(done[h][1])
         tick(1)

@@ -23,6 +23,17 @@ target's clusters carries which label — and learns the decision boundary from 
    smallest ridge, identity before diagonal). The target's labels are never used. With a
    single source: :data:`DEFAULT_SHRINKAGE`.
 
+5. **Which head, by a rule on the sources alone** (:func:`choose_head`, the ``auto`` head of
+   :mod:`fedalign.dadil.classifiers`): ``lda`` or the sampled ``linear`` head of B(α_T).
+   Every source i plays the target with its own labeled GMM G_i as the barycenter: its rows
+   are split in two halves (seeded); ``linear`` is the logistic regression on samples of G_i,
+   ``lda`` the LDA of the other sources' statistics and of half A pseudo-labeled by G_i's MAP
+   rule (the chosen shrinkage); both are scored on half B. The head with the higher mean
+   accuracy over sources wins (ties: ``lda``). It asks of a federation what the oracle rows
+   of ``examples/dadil/RESULTS.md`` show with target labels — whether a good GMM is better
+   used through its samples or through pseudo-labels of real rows — without any target label.
+   Each source needs the others' FedCGS aggregates (already sent) and returns two accuracies.
+
 No raw row leaves a client: sources send aggregates (the FedCGS message, d² + C·d + C + d
 numbers) and, for the rule, one accuracy per grid point and source (the candidate heads are
 built by the target from the others' aggregates and sent to source i to score); the target's
@@ -166,6 +177,7 @@ class TargetRows:
     messages : the sources' :func:`class_statistics`, one per source
     n_classes : C
     shrinkage : (ridge, shrink_to); record : the rule's record (:func:`choose_shrinkage`)
+    choice : the head :func:`choose_head` chose (``lda`` or ``linear``), once it has run
     """
 
     X: np.ndarray
@@ -173,6 +185,7 @@ class TargetRows:
     n_classes: int
     shrinkage: tuple
     record: dict = field(default_factory=dict)
+    choice: str | None = None
 
     def head(self, gmm) -> TargetHead:
         """The ``lda`` head of barycenter ``gmm`` (module docstring): pseudo-labels of the rows
@@ -194,6 +207,50 @@ class TargetRows:
                       n_source_rows=int(sum(m["class_counts"].sum() for m in self.messages)),
                       ridge=ridge, shrink_to=shrink_to)
         return TargetHead(head, ridge, shrink_to, record)
+
+
+def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_class: int = 500,
+                seed: int = 0) -> str:
+    """``lda`` or ``linear`` by leave-one-source-domain-out (module docstring, step 5).
+
+    Parameters
+    ----------
+    rows : the target's :class:`TargetRows` (its sources' messages, in ``sources``' order,
+        and its shrinkage); ``rows.choice`` and ``rows.record["head_rule"]`` are set
+    source_gmms : the sources' labeled GMMs, fitted on ``sources`` (same coordinates)
+    sources : list of (X_i (n_i, d), y_i (n_i,)) labeled source domains
+    n_per_class, seed : the linear head's samples; ``seed`` also splits each source's rows
+
+    Returns
+    -------
+    the chosen head's name
+    """
+    from fedalign.gmm import map_predict, train_head_from_gmm
+
+    if len(source_gmms) != len(sources) or len(sources) != len(rows.messages):
+        raise FedalignError(f"the head rule needs one labeled GMM per source: "
+                            f"{len(source_gmms)} GMMs, {len(sources)} sources")
+    ridge, shrink_to = float(rows.shrinkage[0]), str(rows.shrinkage[1])
+    lda, lin = [], []
+    for i, (g, (X, y)) in enumerate(zip(source_gmms, sources)):
+        if g.labels is None or g.d != rows.X.shape[1]:
+            raise FedalignError(f"source GMM {i} of the head rule is unlabeled or has d={g.d}, "
+                                f"the features have d={rows.X.shape[1]}")
+        X, y = np.asarray(X, np.float64), np.asarray(y)
+        perm = np.random.default_rng([int(seed), i, 29]).permutation(len(y))
+        a, b = perm[: len(y) // 2], perm[len(y) // 2:]
+        head = train_head_from_gmm(g, n_per_class=int(n_per_class), seed=int(seed))
+        lin.append(float(np.mean(head.predict(X[b]) == y[b])))
+        msgs = [m for j, m in enumerate(rows.messages) if j != i]
+        msgs.append(class_statistics(X[a], map_predict(g, X[a]), rows.n_classes))
+        lda.append(float(lda_from_statistics(msgs, rows.n_classes, ridge, shrink_to)
+                         .accuracy(X[b], y[b])))
+    rows.choice = "lda" if np.mean(lda) >= np.mean(lin) else "linear"
+    rows.record["head_rule"] = dict(
+        rule="leave-one-source-domain-out: each source's labeled GMM as the pseudo-target's "
+             "barycenter, halves A (pseudo-labeled) / B (scored)",
+        lda=lda, linear=lin, choice=rows.choice)
+    return rows.choice
 
 
 def target_rows(X_adapt, sources: list, n_classes: int, *, shrinkage=None,
