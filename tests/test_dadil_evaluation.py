@@ -292,3 +292,39 @@ def test_lda_head_through_dadil_evaluate_and_evaluate(federation):
                "lda head needs")
     _one_error(_run("dadil-evaluate", "--test", test, "--state", state, "--source", srcs[0],
                     "--target-adapt", test), "same file")
+
+
+def test_auto_head_through_dadil_evaluate(federation):
+    """With --target-adapt and one --gmm per source, dadil-evaluate adds the auto head: each
+    row's auto equals the head the rule chose (lda or linear), and the rule is reported."""
+    tmp, gp, state = federation
+    srcs = []
+    for i in range(2):
+        Xs, ys = blobs(i)   # the rows the c0 / c1 GMMs of make_gmms were fitted on
+        write_features(tmp / f"a{i}.h5", Xs, ys, [str(j) for j in range(len(ys))], ["a", "b"])
+        srcs.append(tmp / f"a{i}.h5")
+    Xa, _ = blobs(2, n=100, seed=107)
+    write_features(tmp / "tgt.adapt2.h5", Xa, -np.ones(len(Xa), int),
+                   [str(j) for j in range(len(Xa))], ["a", "b"], {"domain": "tgt"})
+    test = tmp / "tgt.test.h5"
+    args = ["dadil-evaluate", "--test", test, "--state", f"agg={state}", "--source", srcs[0],
+            "--source", srcs[1], "--target-adapt", tmp / "tgt.adapt2.h5", "--n-per-class", 100,
+            "--target-gmm", gp["tgt"], "--central-iters", 5]
+    r = _run(*args, "--gmm", gp["c0"], "--gmm", gp["c1"], "--json", tmp / "auto.json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp / "auto.json").read_text())
+    rule = rep["records"]["lda head"]["head_rule"]
+    assert rule["choice"] in ("lda", "linear") and len(rule["lda"]) == len(rule["linear"]) == 2
+    assert rule["choice"] == ("lda" if np.mean(rule["lda"]) >= np.mean(rule["linear"]) else "linear")
+    assert rep["accuracy"]["agg"]["auto"] == rep["accuracy"]["agg"][rule["choice"]]
+    ev_args = ["evaluate", "-m", "dadil", "--input", state, "--test", test,
+               "--param", "dadil.classifier=auto", "--param", "dadil.n_per_class=100",
+               "--param", f"dadil.target_adapt={tmp / 'tgt.adapt2.h5'}",
+               "--param", f"dadil.sources={srcs[0]},{srcs[1]}"]
+    r = _run(*ev_args, "--param", f"dadil.source_gmms={gp['c0']},{gp['c1']}",
+             "--json", tmp / "ev_auto.json")
+    assert r.exit_code == 0, r.output
+    ev = json.loads((tmp / "ev_auto.json").read_text())["methods"]["dadil"]
+    assert [a["tgt"] for a in ev["per_seed"]] == rep["accuracy"]["agg"]["auto"]
+    _one_error(_run(*ev_args), "dadil.source_gmms=FILE")
+    _one_error(_run(*args, "--gmm", gp["c0"]), "one labeled GMM per source")

@@ -198,6 +198,20 @@ def plot_consensus(data, out: Path):
     return out
 
 
+def auto_choices(res) -> str:
+    """One protocol line: which head the ``auto`` rule chose, per target, over the main jobs."""
+    got = {}
+    for r in res:
+        rule = r.get("result", {}).get("records", {}).get("lda head", {}).get("head_rule")
+        if r["job"]["kind"] == "main" and rule:
+            got.setdefault(r["target"], []).append(rule["choice"])
+    if not got:
+        return ""
+    parts = [f"{t} " + ", ".join(f"`{h}` {c.count(h)}/{len(c)}" for h in sorted(set(c)))
+             for t, c in sorted(got.items())]
+    return "- The `auto` rule chose (main jobs): " + "; ".join(parts) + ".\n"
+
+
 def protocol(res, ds, seeds, targets, timing):
     p = res[0]["protocol"]
     pre = p["preset_settings"]
@@ -231,6 +245,7 @@ def protocol(res, ds, seeds, targets, timing):
             f"`fedalign.dadil.target_head.choose_head`). "
             f"Source-only: standardised logistic "
             f"regression on the pooled sources, C from a fixed grid by leave-one-source-domain-out CV.\n"
+            + auto_choices(res)
             + (f"- Run time: {t['wall']:.0f} s wall clock on {p['workers']} worker processes "
                f"({t['cpu']:.0f} s of job time).\n" if t else "")
             + (f"- Process CPU time: {t['proc_cpu']:.0f} s ({t['proc_cpu'] / 60 / p['workers']:.1f} "

@@ -240,12 +240,12 @@ def dadil_evaluate_cmd(
     test: Path = typer.Option(..., "--test", help="The target's held-out test split (.h5), never used for adaptation."),
     state: Optional[List[str]] = typer.Option(None, "--state", help="[NAME=]STATE: the target client's DeFed state after the rounds (repeatable)."),
     source: Optional[List[Path]] = typer.Option(None, "--source", help="Labeled source features (.h5), one file per source domain, for the source-only baseline (C chosen by leave-one-source-domain-out CV)."),
-    gmm: Optional[List[Path]] = typer.Option(None, "--gmm", help="Labeled source GMMs for the centralized GMM-DaDiL baseline."),
+    gmm: Optional[List[Path]] = typer.Option(None, "--gmm", help="Labeled source GMMs for the centralized GMM-DaDiL baseline and the auto head's rule (one per --head-source, same order)."),
     target_gmm: Optional[Path] = typer.Option(None, "--target-gmm", help="The target's unlabeled GMM (centralized baseline)."),
     oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
     central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
     n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
-    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), comma-separated or repeated (default: linear,map, and lda with --target-adapt)."),
+    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and the --gmm of every --head-source, in the same order), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --gmm)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
     target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5), seen unlabeled: the lda head of every GMM-based row pseudo-labels them (added to the default heads), and --peers adapt to them; labels in it, where present, train only the peers' ceiling row."),
     head_source: Optional[List[Path]] = typer.Option(None, "--head-source", help="Labeled source features of the lda head, in the coordinates the dictionary was learned in (e.g. mapped onto the target's Gaussian with align --tau 1); default: the --source files."),
@@ -276,7 +276,8 @@ def dadil_evaluate_cmd(
     from fedalign.peers import PEER_HEAD, PEER_LABELS
 
     _threads(threads)
-    heads = parse_classifiers(classifier or (["linear,map,lda"] if target_adapt else None))
+    heads = parse_classifiers(classifier or (
+        [("linear,map,lda,auto" if gmm else "linear,map,lda")] if target_adapt else None))
     seeds = parse_seeds(seeds_opt)
     states = {}
     for spec in state or []:

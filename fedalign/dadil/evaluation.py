@@ -337,6 +337,8 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
     source_gmms, target_gmm, oracle_gmm : GMM files (.npz)
     target_adapt : the target's adaptation rows (.h5, read unlabeled): the ``lda`` head
     head_sources : labeled source files of the ``lda`` head (default: ``sources``)
+        — with ``target_adapt``, ``source_gmms`` (same order) are also the ``auto`` head's
+        labeled GMMs (:func:`fedalign.dadil.target_head.choose_head`)
     kwargs : the remaining arguments of :func:`evaluate_target` (seeds, classifiers, …)
     """
     from fedalign.files import read_features
@@ -367,6 +369,8 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
         if C is not None and g.n_classes is not None and g.n_classes != C:
             raise FedalignError(f"{p}: {g.n_classes} classes, the test file has C={C}")
         gmms[str(p)] = g
+    if target_adapt is not None and source_gmms:   # the auto head's rule: one GMM per source
+        kwargs.setdefault("head_source_gmms", [gmms[str(p)] for p in source_gmms])
     kwargs.setdefault("domain", domain)
     return evaluate_target(
         X, y, n_classes=C, sources=srcs, states=sts,
@@ -410,7 +414,7 @@ def state_for_domain(states: dict, domain: str, n_tests: int):
                         f"({', '.join(sorted(states)) or 'none'})")
 
 
-DADIL_PARAMS = ("classifier", "n_per_class", "threads", "target_adapt", "sources")
+DADIL_PARAMS = ("classifier", "n_per_class", "threads", "target_adapt", "sources", "source_gmms")
 
 
 def evaluate_dadil(inputs, tests, class_names, seeds, params):
@@ -424,10 +428,11 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
     tests : list of :class:`fedalign.evaluate.TestDomain`
     class_names : C = len(class_names); every state must have C classes and the test's d
     seeds : the sampling seeds of the linear head
-    params : ``classifier=linear|map|lda`` (default linear), ``n_per_class=N`` (500),
-        ``threads=N`` (1); ``lda`` (one test domain) also needs ``target_adapt=FILE`` (the
-        target's adaptation rows) and ``sources=FILE,FILE,…`` (labeled source features in the
-        dictionary's coordinates)
+    params : ``classifier=linear|map|lda|auto`` (default linear), ``n_per_class=N`` (500),
+        ``threads=N`` (1); ``lda`` and ``auto`` (one test domain) also need
+        ``target_adapt=FILE`` (the target's adaptation rows) and ``sources=FILE,FILE,…``
+        (labeled source features in the dictionary's coordinates); ``auto`` also
+        ``source_gmms=FILE,FILE,…`` (the sources' labeled GMMs, in the order of ``sources``)
 
     Returns
     -------
@@ -472,21 +477,30 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
 
 
 def _lda_inputs(clf: str, params: dict, tests) -> dict:
-    """evaluate_target's target_adapt / head_sources for ``dadil.classifier=lda``."""
+    """evaluate_target's target_adapt / head_sources (/ head_source_gmms) for
+    ``dadil.classifier=lda`` or ``auto``."""
     from fedalign.files import read_features
+    from fedalign.gmm import load_gmm
 
-    if clf != ROWS_HEAD:
-        if "target_adapt" in params or "sources" in params:
-            raise FedalignError("dadil.target_adapt and dadil.sources are read only with "
-                                "dadil.classifier=lda")
+    if clf not in (ROWS_HEAD, AUTO_HEAD):
+        if {"target_adapt", "sources", "source_gmms"} & set(params):
+            raise FedalignError("dadil.target_adapt, dadil.sources and dadil.source_gmms are "
+                                "read only with dadil.classifier=lda or auto")
         return {}
-    if len(tests) != 1 or "target_adapt" not in params or "sources" not in params:
-        raise FedalignError("dadil.classifier=lda needs one test domain, "
-                            "dadil.target_adapt=FILE and dadil.sources=FILE,FILE,…")
+    if clf == ROWS_HEAD and "source_gmms" in params:
+        raise FedalignError("dadil.source_gmms is read only with dadil.classifier=auto")
+    need = ("target_adapt", "sources") + (("source_gmms",) if clf == AUTO_HEAD else ())
+    if len(tests) != 1 or any(k not in params for k in need):
+        raise FedalignError(f"dadil.classifier={clf} needs one test domain, "
+                            "dadil.target_adapt=FILE and dadil.sources=FILE,FILE,…"
+                            + (" and dadil.source_gmms=FILE,FILE,…" if clf == AUTO_HEAD else ""))
     d = tests[0].X.shape[1]
     Xa, _, _ = read_features(params["target_adapt"])
-    return dict(target_adapt=Xa, head_sources=_read_sources(
+    kw = dict(target_adapt=Xa, head_sources=_read_sources(
         [q for q in str(params["sources"]).split(",") if q], d))
+    if clf == AUTO_HEAD:
+        kw["head_source_gmms"] = [load_gmm(q) for q in str(params["source_gmms"]).split(",") if q]
+    return kw
 
 
 def target_report(result: TargetResult, test, states: dict | None = None,
