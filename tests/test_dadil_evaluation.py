@@ -295,7 +295,7 @@ def test_lda_head_through_dadil_evaluate_and_evaluate(federation):
 
 
 def test_auto_head_through_dadil_evaluate(federation):
-    """With --target-adapt and one --gmm per source, dadil-evaluate adds the auto head: each
+    """With --target-adapt and one --head-gmm per source, dadil-evaluate adds the auto head: each
     row's auto equals the head the rule chose (lda or linear), and the rule is reported."""
     tmp, gp, state = federation
     srcs = []
@@ -309,8 +309,9 @@ def test_auto_head_through_dadil_evaluate(federation):
     test = tmp / "tgt.test.h5"
     args = ["dadil-evaluate", "--test", test, "--state", f"agg={state}", "--source", srcs[0],
             "--source", srcs[1], "--target-adapt", tmp / "tgt.adapt2.h5", "--n-per-class", 100,
-            "--target-gmm", gp["tgt"], "--central-iters", 5]
-    r = _run(*args, "--gmm", gp["c0"], "--gmm", gp["c1"], "--json", tmp / "auto.json")
+            "--gmm", gp["c0"], "--gmm", gp["c1"], "--target-gmm", gp["tgt"],
+            "--central-iters", 5]
+    r = _run(*args, "--head-gmm", gp["c0"], "--head-gmm", gp["c1"], "--json", tmp / "auto.json")
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp / "auto.json").read_text())
     rule = rep["records"]["lda head"]["head_rule"]
@@ -327,4 +328,6 @@ def test_auto_head_through_dadil_evaluate(federation):
     ev = json.loads((tmp / "ev_auto.json").read_text())["methods"]["dadil"]
     assert [a["tgt"] for a in ev["per_seed"]] == rep["accuracy"]["agg"]["auto"]
     _one_error(_run(*ev_args), "dadil.source_gmms=FILE")
-    _one_error(_run(*args, "--gmm", gp["c0"]), "one labeled GMM per source")
+    _one_error(_run(*args, "--head-gmm", gp["c0"]), "one labeled GMM per source")
+    _one_error(_run("dadil-evaluate", "--test", test, "--state", state, "--head-gmm", gp["c0"]),
+               "read only with the target's adaptation rows")

@@ -28,9 +28,9 @@ def section(title: str) -> str:
     return m.group(1)
 
 
-def by_hand_block() -> str:
-    m = re.search(r"```bash\n(.*?)```", section("SLOT-Align by hand"), re.S)
-    assert m, "no ```bash block in 'SLOT-Align by hand'"
+def by_hand_block(title: str = "SLOT-Align by hand") -> str:
+    m = re.search(r"```bash\n(.*?)```", section(title), re.S)
+    assert m, f"no ```bash block in '{title}'"
     return m.group(1)
 
 
@@ -58,8 +58,10 @@ def resolve(words):
     return cmd, rest
 
 
-def test_by_hand_block_uses_real_commands_and_options():
-    block = by_hand_block()
+@pytest.mark.parametrize("title", ["SLOT-Align by hand",
+                                   "DeFed-GMM-DaDiL by hand, next to the DA peers"])
+def test_by_hand_block_uses_real_commands_and_options(title):
+    block = by_hand_block(title)
     used = commands_in(block)
     assert len(used) >= 6
     for words in used:

@@ -240,15 +240,16 @@ def dadil_evaluate_cmd(
     test: Path = typer.Option(..., "--test", help="The target's held-out test split (.h5), never used for adaptation."),
     state: Optional[List[str]] = typer.Option(None, "--state", help="[NAME=]STATE: the target client's DeFed state after the rounds (repeatable)."),
     source: Optional[List[Path]] = typer.Option(None, "--source", help="Labeled source features (.h5), one file per source domain, for the source-only baseline (C chosen by leave-one-source-domain-out CV)."),
-    gmm: Optional[List[Path]] = typer.Option(None, "--gmm", help="Labeled source GMMs for the centralized GMM-DaDiL baseline and the auto head's rule (one per --head-source, same order)."),
+    gmm: Optional[List[Path]] = typer.Option(None, "--gmm", help="Labeled source GMMs for the centralized GMM-DaDiL baseline."),
     target_gmm: Optional[Path] = typer.Option(None, "--target-gmm", help="The target's unlabeled GMM (centralized baseline)."),
     oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
     central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
     n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
-    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and the --gmm of every --head-source, in the same order), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --gmm)."),
+    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and --head-gmm), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --head-gmm)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
     target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5), seen unlabeled: the lda head of every GMM-based row pseudo-labels them (added to the default heads), and --peers adapt to them; labels in it, where present, train only the peers' ceiling row."),
     head_source: Optional[List[Path]] = typer.Option(None, "--head-source", help="Labeled source features of the lda head, in the coordinates the dictionary was learned in (e.g. mapped onto the target's Gaussian with align --tau 1); default: the --source files."),
+    head_gmm: Optional[List[Path]] = typer.Option(None, "--head-gmm", help="The labeled GMM of every --head-source (or --source), in the same order: the auto head's rule (fit-gmm output of the federation's sources); adds auto to the default heads."),
     peers: bool = typer.Option(False, "--peers", help="Add the shallow DA peer rows (fedalign.peers): skada's CORAL, SubspaceAlignment and LinearOTMapping (reg 1), SLOT-Align as DA at τ=1 and the default τ, SLOT toward the target's Gaussian, and the ceiling (when --target-adapt has labels); each a standardised logistic regression with source-only's C. Needs --source, --target-adapt and skada (pip install 'fedalign[da]')."),
     seeds_opt: List[str] = seeds_option(),
     json_out: Optional[Path] = json_option(),
@@ -277,7 +278,7 @@ def dadil_evaluate_cmd(
 
     _threads(threads)
     heads = parse_classifiers(classifier or (
-        [("linear,map,lda,auto" if gmm else "linear,map,lda")] if target_adapt else None))
+        [("linear,map,lda,auto" if head_gmm else "linear,map,lda")] if target_adapt else None))
     seeds = parse_seeds(seeds_opt)
     states = {}
     for spec in state or []:
@@ -287,6 +288,7 @@ def dadil_evaluate_cmd(
             raise FedalignError(f"--state: row name {name!r} used twice (give NAME=STATE)")
         states[name] = Path(path)
     inputs = [test, *states.values(), *(source or []), *(gmm or []), *(head_source or []),
+              *(head_gmm or []),
               *[q for q in (target_gmm, oracle_gmm, target_adapt) if q is not None]]
     guard_outputs(inputs, [json_out])
     if not (states or source or gmm or target_gmm or oracle_gmm):
@@ -301,7 +303,7 @@ def dadil_evaluate_cmd(
             test, states=states, sources=list(source or []), source_gmms=list(gmm or []),
             target_gmm=target_gmm, oracle_gmm=oracle_gmm, seeds=seeds, classifiers=heads,
             target_adapt=target_adapt, head_sources=list(head_source or []),
-            n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
+            head_gmms=list(head_gmm or []), n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
             progress=bar)
         if peer_rows:
             from fedalign.peers import add_peer_rows, evaluate_peers_files

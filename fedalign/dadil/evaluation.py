@@ -326,7 +326,8 @@ def read_test_split(path) -> tuple:
 
 
 def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), target_gmm=None,
-                          oracle_gmm=None, target_adapt=None, head_sources=(), **kwargs) -> TargetResult:
+                          oracle_gmm=None, target_adapt=None, head_sources=(), head_gmms=(),
+                          **kwargs) -> TargetResult:
     """:func:`evaluate_target` from files (what ``fedalign dadil-evaluate`` calls).
 
     Parameters
@@ -337,8 +338,8 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
     source_gmms, target_gmm, oracle_gmm : GMM files (.npz)
     target_adapt : the target's adaptation rows (.h5, read unlabeled): the ``lda`` head
     head_sources : labeled source files of the ``lda`` head (default: ``sources``)
-        — with ``target_adapt``, ``source_gmms`` (same order) are also the ``auto`` head's
-        labeled GMMs (:func:`fedalign.dadil.target_head.choose_head`)
+    head_gmms : the labeled GMM files of ``head_sources`` (same order): the ``auto`` head's
+        rule (:func:`fedalign.dadil.target_head.choose_head`); read only with ``target_adapt``
     kwargs : the remaining arguments of :func:`evaluate_target` (seeds, classifiers, …)
     """
     from fedalign.files import read_features
@@ -346,9 +347,9 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
 
     X, y, C, domain = read_test_split(test)
     srcs = _read_sources(sources, X.shape[1])
-    if head_sources and target_adapt is None:
-        raise FedalignError("the lda head's sources are read only with the target's adaptation "
-                            "rows")
+    if (head_sources or head_gmms) and target_adapt is None:
+        raise FedalignError("the lda head's sources and the auto head's GMMs are read only with "
+                            "the target's adaptation rows")
     if target_adapt is not None:
         hsrcs = _read_sources(head_sources, X.shape[1])
         Xa, _, _ = read_features(target_adapt)
@@ -362,15 +363,16 @@ def evaluate_target_files(test, *, states=None, sources=(), source_gmms=(), targ
         _check_state(st, p, X.shape[1], C, test)
         sts[name] = st
     gmms = {}
-    for p in list(source_gmms) + [q for q in (target_gmm, oracle_gmm) if q is not None]:
+    for p in list(source_gmms) + list(head_gmms) + [q for q in (target_gmm, oracle_gmm)
+                                                    if q is not None]:
         g = load_gmm(p)
         if g.d != X.shape[1]:
             raise FedalignError(f"{p}: d={g.d}, the test file has d={X.shape[1]}")
         if C is not None and g.n_classes is not None and g.n_classes != C:
             raise FedalignError(f"{p}: {g.n_classes} classes, the test file has C={C}")
         gmms[str(p)] = g
-    if target_adapt is not None and source_gmms:   # the auto head's rule: one GMM per source
-        kwargs.setdefault("head_source_gmms", [gmms[str(p)] for p in source_gmms])
+    if head_gmms:   # the auto head's rule: one labeled GMM per head source
+        kwargs.update(head_source_gmms=[gmms[str(p)] for p in head_gmms])
     kwargs.setdefault("domain", domain)
     return evaluate_target(
         X, y, n_classes=C, sources=srcs, states=sts,
