@@ -204,7 +204,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     (:func:`fedalign.gmm.fit_gmm`), learns ``n_atoms`` atoms and every domain's weights α by
     minimising MW2²(P_T, B(α_T)) + Σ_s SMW2²(P_s, B(α_s))
     (:func:`fedalign.dadil.classifiers.centralized_barycenter`), and trains the head on the
-    target's labeled barycenter B(α_T; atoms): ``lda`` (default), the target's own rows
+    target's labeled barycenter B(α_T; atoms): ``auto`` (default) picks ``lda`` or ``linear``
+    by a rule on the sources alone (:func:`fedalign.dadil.target_head.choose_head`); ``lda``, the target's own rows
     pseudo-labeled by B(α_T)'s MAP rule and an LDA of their and the sources' class statistics,
     its shrinkage chosen by leave-one-source-domain-out (:mod:`fedalign.dadil.target_head`);
     ``linear``, logistic regression on ``n_per_class`` samples per class
@@ -217,8 +218,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     components_per_class : k of the source GMMs (the target's has C·k components)
     n_atoms : A, atoms of the dictionary
     n_iter : iterations of the centralized learner
-    classifier : "lda", "linear", "map" or "auto" (``lda`` or ``linear``, chosen on the sources
-        by :func:`fedalign.dadil.target_head.choose_head`)
+    classifier : "auto" (default: ``lda`` or ``linear``, chosen on the sources by
+        :func:`fedalign.dadil.target_head.choose_head`), "lda", "linear" or "map"
     n_per_class : samples per class of the linear head
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
@@ -235,7 +236,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     n_features_in_ : d
     """
 
-    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="lda",
+    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="auto",
                  n_per_class=500, class_weights="balanced", var_floor_rel=0.01, seed=0):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms

@@ -175,6 +175,7 @@ def test_gmm_dadil_classifier_labels_params_clone_and_errors():
         clf.predict(Xt)
     c = clone(clf).set_params(n_atoms=2)
     assert c.get_params()["n_atoms"] == 2 and clf.get_params()["n_atoms"] == 3
+    assert GMMDaDiLClassifier().get_params()["classifier"] == "auto"   # the fedalign default
     c.fit(X, y_named)                                     # sample_domain from y == −1
     assert set(np.unique(c.predict(Xt))) <= {3, 7, 9}
     assert c.score(Xt, names[yt]) > 0.8
