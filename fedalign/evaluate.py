@@ -56,6 +56,8 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.results import MethodResult, mean_std  # noqa: F401 (importable from here too)
+from fedalign.results import json_safe as _json_safe
 from fedalign.protocol import (Alignment, alignment_of, check_protocol, match_maps,  # noqa: F401
                                no_participant)
 
@@ -99,44 +101,6 @@ class TestDomain:
     y: np.ndarray
     alignment: Alignment | None
     no_participant: bool = False
-
-
-@dataclass
-class MethodResult:
-    """Accuracies of one method: ``per_seed[i][domain]`` for ``seeds[i]``."""
-
-    method: str
-    seeds: list
-    per_seed: list
-    params: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    diagnostics: list = field(default_factory=list)
-    privacy: list = field(default_factory=list)
-
-    def macro(self) -> list:
-        """Macro mean over domains, one value per seed."""
-        return [float(np.mean(list(acc.values()))) for acc in self.per_seed]
-
-    def summary(self) -> dict:
-        """mean ± std (ddof = 0) over seeds, per domain and for the macro mean."""
-        domains = list(self.per_seed[0])
-        out = {dom: mean_std([a[dom] for a in self.per_seed]) for dom in domains}
-        out["macro"] = mean_std(self.macro())
-        return out
-
-    def to_json(self) -> dict:
-        out = dict(seeds=list(self.seeds), per_seed=self.per_seed, macro_per_seed=self.macro(),
-                   summary=self.summary(), params=self.params, notes=self.notes)
-        if any(self.diagnostics):
-            out["diagnostics"] = self.diagnostics  # per seed, e.g. O-FedAvg's final training loss
-        if self.privacy:
-            out["privacy"] = self.privacy  # per client, one run (fedalign.dp.accounting)
-        return out
-
-
-def mean_std(values) -> dict:
-    v = np.asarray(values, dtype=np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std())}
 
 
 def _domain_of(path: Path, provenance: dict) -> str:
@@ -305,19 +269,6 @@ def _transport_setup(m, cfg, params, clients, tests, maps):
                             "the head is evaluated at τ_max")
     transports = [(maps[c.name].A, maps[c.name].b) for c in clients]
     return transports, {**params, "tau_max": float(tau)}
-
-
-def _json_safe(obj):
-    """Numbers and lists of a head's ``info`` as plain JSON types."""
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _json_safe(obj.tolist())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
 
 
 def evaluate_external(method: str, inputs, tests, class_names, seeds, params) -> MethodResult:

@@ -337,7 +337,7 @@ def run_federation(domains, alpha, seed: int, taus, heads=None, clients_per_doma
     val_scores = fed_sel.score(heads, vals, taus, C, seed, balanced=True) if selection else None
     t3 = time.perf_counter()
 
-    from fedalign.evaluate import _json_safe
+    from fedalign.results import json_safe as _json_safe
 
     results = {}
     for h in heads:

@@ -67,13 +67,13 @@ def test_import_checker_sees_relative_and_absolute_cli_imports():
 
 
 #: What a room may import from the rest of fedalign (besides itself), as written in
-#: docs/architecture.md. ``fedalign.evaluate`` is the shared result type of ``evaluate``
-#: (MethodResult, mean_std), imported lazily by DaDiL's evaluation.
+#: docs/architecture.md.
 ALLOWED = {
     "fedalign.defaults": set(),
     "fedalign.errors": set(),
+    "fedalign.results": {"fedalign.errors"},
     "fedalign.dadil": {"fedalign.errors", "fedalign.files", "fedalign.gmm", "fedalign.threads",
-                       "fedalign.defaults", "fedalign.evaluate", "fedalign.metrics",
+                       "fedalign.defaults", "fedalign.results", "fedalign.metrics",
                        "fedalign.heads"},
     "fedalign.metrics": {"fedalign.errors"},
     "fedalign.peers": {"fedalign.errors", "fedalign.defaults", "fedalign.stats",
@@ -110,6 +110,59 @@ def test_rooms_import_only_what_they_may():
             if target not in ALLOWED[room] and imp not in ALLOWED[room]:
                 bad.append(f"{name} imports {imp}")
     assert sorted(set(bad)) == []
+
+
+def test_dadil_never_imports_evaluate_and_results_imports_nothing():
+    """The shared result types live in fedalign.results, which imports nothing of fedalign but
+    its errors; DaDiL's evaluation takes them from there, never from fedalign.evaluate (the
+    direction evaluate → dadil, for ``evaluate --method dadil``, is the only one)."""
+    bad = [f"{_name(p)} imports {imp}" for p in sorted((ROOT / "dadil").rglob("*.py"))
+           for imp in _module_imports(p) if _room_of(imp, ["fedalign.evaluate"])]
+    assert bad == []
+    names = _module_imports(ROOT / "results.py")
+    assert {n for n in names if n == "fedalign" or n.startswith("fedalign.")} <= {
+        "fedalign.errors", "fedalign.errors.FedalignError"}
+
+
+def _top_room(name: str, rooms: set) -> str | None:
+    """The top-level room of a module name: ``fedalign.X`` for a module or package X of
+    fedalign, ``fedalign`` (the package face) for a name of the face (``fedalign.__version__``)."""
+    parts = name.split(".")
+    if parts[0] != "fedalign" or len(parts) == 1:
+        return None  # not fedalign; or ``from fedalign import X`` (the room X counts)
+    return f"fedalign.{parts[1]}" if parts[1] in rooms else "fedalign"
+
+
+def _room_graph() -> dict:
+    """{room: rooms it imports}, lazy (inside functions) and top-level imports alike."""
+    rooms = {p.stem for p in ROOT.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    graph = {}
+    for p in ROOT.rglob("*.py"):
+        room = _top_room(_name(p), rooms) or "fedalign"
+        for imp in _module_imports(p):
+            target = _top_room(imp, rooms)
+            if target is not None and target != room:
+                graph.setdefault(room, set()).add(target)
+    return graph
+
+
+def _cycle(graph: dict) -> list | None:
+    """One cycle of ``graph`` as [a, b, …, a], or None."""
+    import graphlib
+
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return None
+
+
+def test_no_import_cycle_between_top_level_rooms():
+    graph = _room_graph()
+    assert "fedalign.dadil" in graph["fedalign.evaluate"]  # lazy imports are counted
+    assert _cycle(graph) is None
+    assert _cycle({"a": {"b"}, "b": {"a"}}) is not None
 
 
 def test_dadil_rooms_import_only_rooms_above_them():

@@ -202,3 +202,41 @@ def test_subprocess_bad_peer_and_help(tmp_path):
     for cmd in ("dadil-round", "consensus", "dadil-evaluate"):
         h = run(cmd, "--help")
         assert h.exit_code == 0 and "Example: fedalign " + cmd in " ".join(h.output.split())
+
+
+def _files(folder) -> dict:
+    """{path: bytes} of every file under ``folder``, hidden ones (temporaries) included."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_subprocess_failed_round_writes_nothing_not_even_the_repair(tmp_path):
+    """A client's round-1 atoms were lost (a kill between the state's rename and the atoms'):
+    the next dadil-round republishes them, but only as part of a successful round. With a bad
+    peer (truncated, or a GMM file instead of atoms) it exits 2 with one error line and every
+    file of the federation keeps its bytes; no file appears."""
+    gp = make_gmms(tmp_path, 2)
+    fed = tmp_path / "fed"
+    cli_federation({"c0": gp["c0"]}, fed, 1, "none", 1)
+    sp, ap1 = federation_paths(fed, "c0", 1)
+    ap2 = federation_paths(fed, "c0", 2)[1]
+    (fed / "round_002").mkdir()
+    published = ap1.read_bytes()
+    ap1.unlink()                                    # the killed run's lost atoms
+    truncated = fed / "round_001" / "p.atoms.npz"
+    truncated.write_bytes(published[: len(published) // 2])
+    for bad in (truncated, gp["c0"]):
+        before = _files(tmp_path)
+        r = subprocess.run([sys.executable, "-m", "fedalign", "dadil-round", "--state", str(sp),
+                            "--strategy", "none", "--local-steps", "1", "-o", str(ap2),
+                            str(bad)], capture_output=True, text=True)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+        assert _files(tmp_path) == before, bad
+        assert not ap1.exists() and not ap2.exists()
+    truncated.unlink()
+    r = run("dadil-round", "--state", sp, "--strategy", "none", "--local-steps", 1, "-o", ap2,
+            fed / "round_000" / "c0.atoms.npz")
+    assert r.exit_code == 0, r.output
+    assert "republished" in r.output and ap1.read_bytes() == published and ap2.is_file()

@@ -227,6 +227,36 @@ def test_round_republishes_a_stale_atoms_file(tmp_path):
     assert sha256_file(ap0) == sha0 and "republished" in rec
 
 
+def test_round_that_fails_on_a_peer_does_not_republish(tmp_path):
+    """The repair of a lost atoms file is part of a successful round: a bad peer (checked
+    after the repair is detected) leaves the lost file lost and the state untouched."""
+    fed = federation(tmp_path, ("c0", "c1"))
+    _, sp, ap0 = fed["c0"]
+    state, sha0 = sp.read_bytes(), sha256_file(ap0)
+    ap0.unlink()
+    future = tmp_path / "future.npz"
+    pa = load_atoms(fed["c1"][2])
+    pa.round = 5
+    save_atoms(future, pa)
+    with pytest.raises(FedalignError, match="are of round 5"):
+        round_files(sp, [future], round_one(tmp_path), "replacement", 0)
+    assert not ap0.exists() and sp.read_bytes() == state
+    assert sorted(p.name for p in (tmp_path / "round_001").iterdir()) == []
+    _, rec = round_files(sp, [fed["c1"][2]], round_one(tmp_path), "replacement", 0)
+    assert sha256_file(ap0) == sha0 and "republished" in rec
+
+
+def test_round_publishing_onto_its_lost_file_replaces_it_without_republishing(tmp_path):
+    """Atoms published to one path every round: the new atoms replace the stale file (one
+    write in the transaction, not a repair and then an overwrite)."""
+    fed = federation(tmp_path, ("c0", "c1"))
+    _, sp, ap0 = fed["c0"]
+    shutil.copyfile(fed["c1"][2], ap0)                       # stale
+    st, rec = round_files(sp, [fed["c1"][2]], ap0, "replacement", 0)
+    assert "republished" not in rec and load_atoms(ap0).round == 1 == st.round
+    assert published_record(sp)["sha256"] == sha256_file(ap0)
+
+
 def test_round_on_a_state_without_a_published_record_publishes_normally(tmp_path):
     fed = federation(tmp_path, ("c0", "c1"))
     _, sp, _ = fed["c0"]

@@ -119,7 +119,8 @@ def dadil_round_cmd(
     components matched by OT; none); runs E local steps on SMW2² (labeled source) or MW2²
     (unlabeled target), the optimiser restarted; then publishes the atoms (means, variances, label logits, round,
     producer — never α, the GMM or samples) and updates the private state. Any bad input
-    leaves the state untouched.
+    leaves every file untouched (an atoms file a killed run lost is republished only with a
+    successful round).
     """
     from fedalign.dadil.gossip import STRATEGIES, describe_round, init_files, round_files
     from fedalign.errors import FedalignError

@@ -46,6 +46,7 @@ from fedalign.dadil.distances import gmm_mw2
 from fedalign.dadil.state import load_atoms, load_state
 from fedalign.errors import FedalignError
 from fedalign.files import _KIND_KEY, read_report, sha256_file
+from fedalign.results import mean_std
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,11 +152,6 @@ def reconstruction_loss(atoms, gmm, alpha) -> float:
     return float(gmm_mw2(gmm, barycenter(atoms, alpha), labeled=False))
 
 
-def _mean_std(v) -> dict:
-    v = np.asarray(v, dtype=np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std())}
-
-
 def _subset_accuracy(preds, y, classes):
     """Mean over seeds of the accuracy on the rows whose class is in ``classes`` (None if none)."""
     sel = np.isin(y, list(classes))
@@ -174,7 +170,7 @@ def _head_scores(B, X, y, classifier, n_per_class, seeds, C, missing, names) -> 
         n = int((y == c).sum())
         per_class.append({"class": c, "name": names[c] if names else str(c), "n": n,
                           "accuracy": _subset_accuracy(preds, y, [c])})
-    res = dict(per_seed=per_seed, **_mean_std(per_seed), per_class=per_class)
+    res = dict(per_seed=per_seed, **mean_std(per_seed), per_class=per_class)
     if missing is not None:
         present = [c for c in range(C) if c not in missing]
         res["missing_classes"] = _subset_accuracy(preds, y, missing)

@@ -38,6 +38,7 @@ from fedalign.dadil.classifiers import (AUTO_HEAD, CENTRALIZED, CLASSIFIERS, HEA
                                         parse_classifiers, source_only_classifier)
 from fedalign.dadil.state import client_barycenter, load_state
 from fedalign.errors import FedalignError
+from fedalign.results import MethodResult, mean_std
 from fedalign.threads import limit_threads
 
 
@@ -72,8 +73,6 @@ class TargetResult:
 
     def summary(self) -> dict:
         """{method: {head: {mean, std}}} over seeds (population std, ddof = 0)."""
-        from fedalign.evaluate import mean_std
-
         return {m: {h: mean_std(a) for h, a in heads.items()} for m, heads in self.accuracy.items()}
 
     def to_json(self) -> dict:
@@ -438,10 +437,8 @@ def evaluate_dadil(inputs, tests, class_names, seeds, params):
 
     Returns
     -------
-    :class:`fedalign.evaluate.MethodResult`
+    :class:`fedalign.results.MethodResult`
     """
-    from fedalign.evaluate import MethodResult
-
     params = dict(params or {})
     unknown = set(params) - set(DADIL_PARAMS)
     if unknown:

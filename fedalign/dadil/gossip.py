@@ -56,7 +56,8 @@ from fedalign.dadil.state import (ClientState, PublishedAtoms, _atoms_arrays, ch
                                   check_peer, init_client, load_atoms, load_state, optim_for,
                                   save_atoms, save_state)
 from fedalign.errors import FedalignError
-from fedalign.files import atomic_outputs, check_outputs, locked, read_npz, sha256_file
+from fedalign.files import (atomic_outputs, check_outputs, locked, read_npz, same_file,
+                            sha256_file)
 from fedalign.gmm import load_gmm
 
 STRATEGIES = ("replacement", "aggregation", "none")
@@ -248,19 +249,27 @@ def init_files(client: str, gmm_path, state_path, atoms_path, *, force: bool = F
     return st
 
 
-def publish(state_path: Path, st: ClientState, atoms_path: Path) -> None:
+def publish(state_path: Path, st: ClientState, atoms_path: Path,
+            republish: tuple | None = None) -> None:
     """Write the state and its atoms as one transaction, the state renamed first.
 
     The state records the atoms file it publishes (path relative to its folder, SHA-256,
     round): a kill between the two renames leaves a state whose atoms file is missing or
     stale, which the next :func:`round_files` on this state detects and republishes.
+    ``republish``: ``(path, PublishedAtoms)``, that earlier atoms file, written in the same
+    transaction and renamed before the state (a kill after it leaves it repaired and the old
+    state in place).
     """
     with atomic_outputs(join=False) as tx:
+        if republish is not None:
+            save_atoms(*republish)
         save_atoms(atoms_path, st.published())
         sha = sha256_file(tx.temporary(atoms_path))
         rel = os.path.relpath(os.path.abspath(atoms_path), os.path.abspath(state_path.parent))
         save_state(state_path, st, dict(path=rel, sha256=sha, round=int(st.round)))
         tx.commit_first(state_path)
+        if republish is not None:
+            tx.commit_first(republish[0])
 
 
 def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation",
@@ -281,8 +290,10 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
     gmm, peers : pre-loaded GMM / peer atoms (simulation; skips reading those files)
 
     The state and the new atoms are written together (:func:`publish`); an atoms file the
-    state published in an earlier, killed run but that is missing or stale is republished
-    first (``rec["republished"]``).
+    state published in an earlier, killed run but that is missing or stale is republished in
+    the same transaction, renamed first (``rec["republished"]``): a run that fails on its
+    inputs writes nothing, the repair included. Where the new atoms go to that very path they
+    replace it, and nothing is republished.
     """
     state_path, atoms_path = Path(state_path), Path(atoms_path)
     if int(local_steps) < 0:
@@ -297,15 +308,13 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
             raise FedalignError(f"{state_path} is the state of client {st.client}, not {client}")
         gp = Path(gmm_path) if gmm_path is not None else Path(st.gmm_path)
         check_outputs([gp], [atoms_path])
-        republished = None
+        republish = None  # (path, atoms) of a lost or stale earlier publication
         pub_rec = read_npz(state_path, "state")[1].get("published")
         if isinstance(pub_rec, dict) and isinstance(pub_rec.get("path"), str):
             prev = state_path.parent / pub_rec["path"]
             published = prev.is_file() and sha256_file(prev) == pub_rec.get("sha256")
-            if prev.parent.is_dir() and not published:
-                with atomic_outputs(join=False):
-                    save_atoms(prev, st.published())
-                republished = str(prev)
+            if prev.parent.is_dir() and not published and not same_file(prev, atoms_path):
+                republish = (prev, st.published())
         if gmm is None:
             gmm = load_gmm(gp)
             check_gmm_for_state(st, gmm, where=str(gp))
@@ -321,9 +330,9 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
                 peers.append(pa)
         peers = dedupe(peers)
         st, pub, rec = gossip_round(st, gmm, peers, strategy, local_steps)
-        publish(state_path, st, atoms_path)
-        if republished is not None:
-            rec = dict(rec, republished=republished)
+        publish(state_path, st, atoms_path, republish)
+        if republish is not None:
+            rec = dict(rec, republished=str(republish[0]))
     return st, rec
 
 

@@ -44,7 +44,6 @@ exchange (``exchanges``: seconds, bytes both ways, nodes that answered) and ever
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,7 +338,7 @@ def _check_stats(ex: Exchange, d: int, names: list):
 def run_slot(ex: Exchange, s: Settings, out: Path) -> dict:
     """SLOT-Align and the chosen heads over the nodes; writes OUT/ref.npz and OUT/slot.json."""
     from fedalign.dp import config_record
-    from fedalign.evaluate import MethodResult
+    from fedalign.results import MethodResult
 
     t0 = time.perf_counter()
     timing = {}
@@ -558,18 +557,9 @@ def _comm_report(ex: Exchange, methods, C, d, fedavg_rounds) -> dict:
 
 def _write_json(path: Path, obj) -> None:
     from fedalign.files import write_report
+    from fedalign.results import json_safe
 
-    write_report(path, json.loads(json.dumps(obj, default=_json_default)))
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o).__name__)
+    write_report(path, json_safe(obj))
 
 
 # --------------------------------------------------------------------------------------------
