@@ -35,11 +35,12 @@ def fake_libc(monkeypatch):
 
 def test_sets_on_entry_and_restores_glibc_defaults_once_at_the_outermost_exit(fake_libc):
     with retain_freed_memory():
-        assert fake_libc.calls == [("mallopt", -4, 0), ("mallopt", -1, 2**31 - 1)]
+        assert fake_libc.calls == [("malloc_trim", 0), ("mallopt", -4, 0),
+                                   ("mallopt", -1, 2**31 - 1)]
         with retain_freed_memory():
             pass
-        assert len(fake_libc.calls) == 2  # the inner block restores nothing
-    assert fake_libc.calls[2:] == [("mallopt", -4, 65536), ("mallopt", -1, 128 * 1024),
+        assert len(fake_libc.calls) == 3  # the inner block sets and restores nothing
+    assert fake_libc.calls[3:] == [("mallopt", -4, 65536), ("mallopt", -1, 128 * 1024),
                                    ("malloc_trim", 0)]
 
 
