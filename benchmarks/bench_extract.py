@@ -40,10 +40,20 @@ builtin weights, batch 64, 1 decoding worker, CPU. ``dslr`` (157 JPEGs of 1000×
           2 plain            6.3   18.93   5.80                       0.31  3,834,728   3.40
           2 plain+retain    17.0    8.41   0.55                       0.07    366,781   1.26
 
-``amazon`` (958 images), 1 thread, after: extract 50.6 img/s, user 14.85 + 1.93 (workers) s,
-sys 0.80 + 0.48 s (sys/user 0.08, 544,596 faults); plain 16.1 img/s, sys/user 2.21 (22.9 M
-faults): extract/plain 3.15, extract/plain+retain 0.95. The remaining faults are the heap's one
-growth per listing (≈ 1.2 GB at batch 64) and the workers' shared-memory batches.
+The dslr table ran with OpenMP's default (spinning) wait policy; the script now sets
+``OMP_WAIT_POLICY=PASSIVE`` as the CLI does. With it, after, ``amazon`` (958 images):
+
+    threads run            img/s  user s  sys s  wk user  wk sys  sys/user  minflt      extract/this
+          1 extract         51.6   14.90   0.87     2.04    0.45      0.08     589,154
+          1 plain           16.9   16.87  38.32                       2.27  23,474,390   3.04
+          1 plain+retain    53.5   17.09   0.57                       0.03     404,430   0.96
+          2 extract         52.5   14.36   1.16     2.04    0.45      0.10     524,777
+          2 plain           16.1   17.76  40.28                       2.27  22,285,065   3.25
+          2 plain+retain    49.7   17.88   0.90                       0.05     347,266   1.06
+
+(spinning, 2 threads: extract 27.4 img/s, plain+retain 77.2, ratio 0.36 — the decoding worker
+and the spinning pool fight for 2 cores). The remaining faults are the heap's one growth per
+listing (≈ 1.2 GB at batch 64) and the workers' shared-memory batches.
 
 Where the system time went: a CPU forward of EfficientNet-Lite0 at batch 64 allocates ≈ 5 GB of
 activations per batch (``F.pad`` of the TF-"same" convolutions fills a fresh tensor, most of the
@@ -243,6 +253,13 @@ def main(argv=None):
     ap.add_argument("--weights", default="builtin")
     args = ap.parse_args(argv)
 
+    import os
+
+    # as the fedalign CLI does (fedalign.cli.app.main): torch's OpenMP threads sleep while they
+    # wait; spinning ones cost 2-3x the CPU time when a decoding worker or another job shares
+    # the cores (amazon, 2 threads: extract 21.5 img/s spinning, 53.7 sleeping). Read when
+    # torch is imported, so it is set first; both loops run under it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import h5py
     import torch
 
