@@ -38,7 +38,7 @@ import numpy as np
 from fedalign.errors import FedalignError
 from fedalign.extract.decoding import ImageDataset, collate, decode_image
 from fedalign.extract.device import (autocast_context, default_batch_size, default_workers,
-                                     resolve_device, set_determinism)
+                                     resolve_device, retain_freed_memory, set_determinism)
 from fedalign.extract.listing import (IMAGE_EXTENSIONS, LIST_SUFFIXES, ImageList, is_image,
                                       list_images, read_list_file)
 from fedalign.extract.store import PARTIAL_FORMAT, PartialStore, partial_path
@@ -48,7 +48,7 @@ __all__ = [
     "ImageList", "LoadedEncoder", "PartialStore", "autocast_context", "collate", "decode_image",
     "default_batch_size", "default_workers", "extract_features", "is_image", "list_images",
     "load_encoder", "output_paths", "partial_path", "read_list_file", "resolve_device",
-    "set_determinism",
+    "retain_freed_memory", "set_determinism",
 ]
 
 
@@ -268,8 +268,9 @@ def extract_features(
             if progress is not None:
                 progress(start)
         if start < len(images):
-            _run_batches(enc, transform, images, part, start, bs, dev, precision, nw,
-                         skip_bad, progress)
+            with retain_freed_memory():  # activations' pages reused, not faulted in per batch
+                _run_batches(enc, transform, images, part, start, bs, dev, precision, nw,
+                             skip_bad, progress)
         provenance = {
             "producer": f"fedalign {__version__} extract",
             "source": images.source,
