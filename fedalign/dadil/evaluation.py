@@ -294,16 +294,18 @@ def _source_only_row(res, X, y, sources, Cs, cv, tick) -> None:
 
 def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick, rows=None) -> None:
     """One GMM-based method, every head: ``gmm_for_seed(s)`` → labeled GMM → head (seed s);
-    heads that do not depend on the seed (map, lda) are fitted once per GMM."""
+    heads that do not depend on the seed (map, lda) are fitted once per GMM; ``auto`` reuses
+    the head it resolved to."""
     acc = {h: [] for h in classifiers}
     done = {}
     for s in res.seeds:
         g = gmm_for_seed(s)
         for h in classifiers:
             eff = rows.choice if h == AUTO_HEAD and rows is not None else h
-            if eff == "linear" or h not in done or done[h][0] is not g:  # same GMM: reuse
-                done[h] = (g, accuracy(gmm_classifier(g, h, n_per_class, s, rows=rows), X, y))
-            acc[h].append(done[h][1])
+            key = (eff, s) if eff == "linear" else eff
+            if key not in done or done[key][0] is not g:  # same GMM (and seed): reuse
+                done[key] = (g, accuracy(gmm_classifier(g, eff, n_per_class, s, rows=rows), X, y))
+            acc[h].append(done[key][1])
         tick(1)
     res.accuracy[method] = acc
 
