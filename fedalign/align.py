@@ -29,7 +29,7 @@ import numpy as np
 from fedalign import defaults
 from fedalign.backend import get_backend
 from fedalign.errors import FedalignError
-from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_map
+from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_map, ot_maps
 
 #: Default geodesic time (the SLOT-Align reference implementation's fixed-mode default).
 DEFAULT_TAU = defaults.TAU
@@ -242,12 +242,25 @@ def client_map(stats, ref: Reference, client: str | None = None, domain: str | N
                backend="numpy", device="cpu") -> AffineMap:
     """OT map from a client's Gaussian proxy to the reference (τ = 1), owned by ``client``
     (``backend``, ``device``: where its eigendecompositions run)."""
-    if stats.d != ref.d:
-        raise FedalignError(f"dimension mismatch: client d={stats.d}, reference d={ref.d}")
-    A, b = ot_map(stats.mean, stats.covariance, ref.mean, ref.covariance, backend, device)
-    return AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n),
-                                         scope="client", client=client, domain=domain,
-                                         stats_sha256=stats_digest(stats)), stats, ref))
+    return client_maps([stats], ref, [client], [domain], backend, device)[0]
+
+
+def client_maps(stats_list, ref: Reference, clients=None, domains=None, backend="numpy",
+                device="cpu") -> list:
+    """:func:`client_map` of every client onto one reference, the reference's root computed
+    once (:func:`fedalign.gaussian.ot_maps`; the same maps, bit for bit)."""
+    K = len(stats_list)
+    clients = list(clients) if clients is not None else [None] * K
+    domains = list(domains) if domains is not None else [None] * K
+    for st in stats_list:
+        if st.d != ref.d:
+            raise FedalignError(f"dimension mismatch: client d={st.d}, reference d={ref.d}")
+    maps = ot_maps([(st.mean, st.covariance) for st in stats_list], ref.mean, ref.covariance,
+                   backend, device)
+    return [AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(st.n),
+                                          scope="client", client=c, domain=dm,
+                                          stats_sha256=stats_digest(st)), st, ref))
+            for (A, b), st, c, dm in zip(maps, stats_list, clients, domains)]
 
 
 def _with_dp(meta: dict, stats, ref: Reference) -> dict:

@@ -70,20 +70,29 @@ def ot_map(mean_src, cov_src, mean_ref, cov_ref, backend="numpy",
         A = Σ_b^{1/2} (Σ_b^{1/2} Σ_k Σ_b^{1/2})^{-1/2} Σ_b^{1/2}
     b : (d,)  b = μ_b − A μ_k
     """
-    cov_src = np.asarray(cov_src, float)
+    return ot_maps([(mean_src, cov_src)], mean_ref, cov_ref, backend, device)[0]
+
+
+def ot_maps(sources, mean_ref, cov_ref, backend="numpy", device="cpu") -> list:
+    """:func:`ot_map` of every (mean (d,), covariance (d, d)) in ``sources`` onto one
+    reference: Σ_b^{1/2} is computed once, then one eigendecomposition per source (the same
+    arithmetic as K calls of :func:`ot_map`, bit for bit). Returns a list of (A, b)."""
     cov_ref = np.asarray(cov_ref, float)
-    if cov_src.shape != cov_ref.shape:
-        raise FedalignError(
-            f"dimension mismatch: source covariance {cov_src.shape}, reference {cov_ref.shape}"
-        )
+    covs = [np.asarray(c, float) for _, c in sources]
+    for c in covs:
+        if c.shape != cov_ref.shape:
+            raise FedalignError(
+                f"dimension mismatch: source covariance {c.shape}, reference {cov_ref.shape}")
     xp = get_backend(backend, device)
+    out = []
     with xp.guard("the OT map", array_bytes(*[cov_ref.shape] * 6)):
         Rb, _ = sqrt_and_inv_sqrt(cov_ref, backend=xp)
-        w, V = eigh_clipped(Rb @ xp.asarray(cov_src) @ Rb, backend=xp)
-        M = (V / xp.sqrt(w)) @ V.T
-        A = xp.to_numpy(sym(Rb @ M @ Rb))
-    b = np.asarray(mean_ref, float) - A @ np.asarray(mean_src, float)
-    return A, b
+        for (mean_src, _), cov_src in zip(sources, covs):
+            w, V = eigh_clipped(Rb @ xp.asarray(cov_src) @ Rb, backend=xp)
+            M = (V / xp.sqrt(w)) @ V.T
+            A = xp.to_numpy(sym(Rb @ M @ Rb))
+            out.append((A, np.asarray(mean_ref, float) - A @ np.asarray(mean_src, float)))
+    return out
 
 
 def interpolate_map(A: np.ndarray, b: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:

@@ -133,3 +133,17 @@ def test_server_loader_proves_factored_covariances_definite_and_refuses_singular
     assert good.stats.covariance.rank == n - 1
     with pytest.raises(FedalignError, match="c1.stats.npz: 'covariance' is not positive definite"):
         load_client_stats(paths, "factored")
+
+
+def test_client_maps_equal_client_map_per_client():
+    from fedalign.align import Reference, client_map, client_maps
+    from fedalign.federation import gaussian_stats
+
+    rng = np.random.default_rng(5)
+    sts = [gaussian_stats(rng.normal(k, 1.0 + k, size=(40, 4))) for k in range(3)]
+    ref = Reference(np.zeros(4), np.eye(4) * 2.0, np.ones(1), np.array([40]), {})
+    many = client_maps(sts, ref, clients=["a", "b", "c"], domains=["x", "y", "z"])
+    for st, mp, c, dm in zip(sts, many, "abc", "xyz"):
+        one = client_map(st, ref, client=c, domain=dm)
+        np.testing.assert_array_equal(mp.A, one.A)
+        assert mp.meta == one.meta

@@ -455,3 +455,17 @@ def test_factored_covariances_on_the_torch_backend():
     finally:
         _TorchKernels.BATCH = old
     assert np.linalg.norm(got.covariance - ref.covariance) <= 1e-8 * np.linalg.norm(ref.covariance)
+
+
+def test_ot_maps_equal_one_ot_map_per_source_bit_for_bit():
+    from fedalign.gaussian import ot_maps
+
+    rng = np.random.default_rng(11)
+    d = 6
+    spd = [(lambda G: G @ G.T + 0.1 * np.eye(d))(rng.normal(size=(d, d))) for _ in range(4)]
+    srcs = [(rng.normal(size=d), S) for S in spd[:3]]
+    many = ot_maps(srcs, np.ones(d), spd[3])
+    for (m, S), (A, b) in zip(srcs, many):
+        A1, b1 = ot_map(m, S, np.ones(d), spd[3])
+        np.testing.assert_array_equal(A, A1)
+        np.testing.assert_array_equal(b, b1)

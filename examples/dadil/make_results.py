@@ -212,6 +212,28 @@ def auto_choices(res) -> str:
     return "- The `auto` rule chose (main jobs): " + "; ".join(parts) + ".\n"
 
 
+def absent_classes(res) -> str:
+    """What the label-shift EM found: main jobs (nothing removed) that flagged a class, and
+    per missing-class job how many of the removed classes it found (and false alarms)."""
+    recs = [(r, r.get("label_shift")) for r in res if r["job"]["kind"] in ("main", "missing")]
+    recs = [(r, ls) for r, ls in recs if ls is not None]
+    if not recs:
+        return ""
+    main = [(r, ls) for r, ls in recs if r["job"]["kind"] == "main"]
+    flagged = [f"{r['target']} s{r['seed']}: {ls['absent']}" for r, ls in main if ls["absent"]]
+    miss = [(r, ls) for r, ls in recs if r["job"]["kind"] == "missing"]
+    hit = sum(len(set(ls["absent"]) & set(r["dropped_classes"])) for r, ls in miss)
+    total = sum(len(r["dropped_classes"]) for r, _ in miss)
+    false = sum(len(set(ls["absent"]) - set(r["dropped_classes"])) for r, ls in miss)
+    out = (f"- Classes found absent by the label-shift EM: main jobs (nothing removed) "
+           f"{len(flagged)}/{len(main)} flagged any" + (f" ({'; '.join(flagged)})" if flagged else "")
+           )
+    if miss:
+        out += (f"; missing-class jobs: {hit} of the {total} removed classes found, "
+                f"{false} present classes flagged")
+    return out + ".\n"
+
+
 def protocol(res, ds, seeds, targets, timing):
     p = res[0]["protocol"]
     pre = p["preset_settings"]
@@ -232,8 +254,10 @@ def protocol(res, ds, seeds, targets, timing):
             f"every client from its own seeded start. Centralized GMM-DaDiL: R·E = "
             f"{p['rounds'] * p['local_steps']} steps of the same optimiser.\n"
             + (f"- Sources mapped onto the target's Gaussian first (mean and Ledoit–Wolf covariance "
-               f"of its adaptation rows, τ = 1) for the GMMs, the dictionary and the `lda` head; "
-               f"source-only and the peers see the sources as they are.\n"
+               f"of its adaptation rows, completed by the classes the target lacks: "
+               f"`fedalign.label_shift`, `fedalign target-reference`; τ = 1) for the GMMs, the "
+               f"dictionary and the `lda` head; source-only and the peers (`slot-to-target` "
+               f"included) see the sources as they are.\n"
                if p.get("align_to_target") == "on" or (p.get("align_to_target") == "auto"
                                                        and p["preset"] == "fedalign") else "")
             + f"- Heads: `linear` = logistic regression on {p['n_per_class']} samples per class of the "
@@ -245,7 +269,7 @@ def protocol(res, ds, seeds, targets, timing):
             f"`fedalign.dadil.target_head.choose_head`). "
             f"Source-only: standardised logistic "
             f"regression on the pooled sources, C from a fixed grid by leave-one-source-domain-out CV.\n"
-            + auto_choices(res)
+            + auto_choices(res) + absent_classes(res)
             + (f"- Run time: {t['wall']:.0f} s wall clock on {p['workers']} worker processes "
                f"({t['cpu']:.0f} s of job time).\n" if t else "")
             + (f"- Process CPU time: {t['proc_cpu']:.0f} s ({t['proc_cpu'] / 60 / p['workers']:.1f} "
@@ -303,14 +327,23 @@ def main():
            "98.4); circular validation (an LDA or a logistic regression trained on the target's "
            "rows pseudo-labeled by each head, scored on the sources; picks `lda` on webcam, 94.8 "
            "against 98.3). Neither was adopted.",
-           "- Missing target classes (tried, not adopted): re-weighting every source's Gaussian "
-           "to target class priors estimated by Saerens' EM (the mapped sources' LDA on the "
-           "target's rows) before the mapping. Under the domain shift the EM does not find the "
-           "missing classes (Digits usps, 4 of 10 classes removed: estimated priors 0.06–0.11 "
-           "for the removed ones), and a proxy (logistic regression on the sources mapped onto "
-           "the target's Gaussian) moved by +1.0 point (67.0 → 68.0 and 71.0 → 72.0, seeds 0, 1) "
-           "and −0.5 at 0 % removed; iterating the EM and the mapping drifted slowly towards "
-           "the right priors but also away from them with nothing removed.",
+           "- Missing target classes (adopted, the `fedalign` default): the target's Gaussian "
+           "is *completed* by the classes it lacks before the sources are mapped onto it "
+           "(`fedalign.label_shift`). Saerens' EM on an LDA of the sources' class statistics "
+           "(ridge 0.1) in the sources' own space estimates the target's priors; a class below "
+           "0.2 × its source prior is absent and is added where the sources hold it, moved by the "
+           "shift of the present classes, with the sources' within-class covariance. Nothing "
+           "absent: the target's Gaussian bit for bit. Both thresholds were fixed before any "
+           "run; the method was chosen on a proxy (logistic regression on the mapped sources, "
+           "the missing-class targets below, seeds 0–2, 0 % → 45 % removed): with the plain target "
+           "Gaussian usps 73.2 → 70.7, dslr 96.8 → 92.4, webcam 97.1 → 87.4; with the completed "
+           "one 73.2 → 73.0, 96.8 → 98.9, 97.1 → 95.4 (the EM found 33 of the 36 removed "
+           "classes, and flagged none of the 9 full targets). So the "
+           "missing-class study is not an untouched test of it. Tried before and not adopted: "
+           "re-weighting every source's Gaussian to the EM's priors (estimated in the mapped "
+           "space they miss the removed classes — 0.06–0.11 on usps; with the *true* priors the "
+           "proxy fell to 53.5–58 on usps, the re-weighted map extrapolating badly to the "
+           "classes it never saw).",
            "- No choice reads a target's labels. But the *design* — mapping the sources onto the "
            "target's Gaussian first, and the `lda` head with pseudo-labels by B(α_T)'s MAP rule — "
            "was developed while looking at seed-0/1 runs of these three benchmarks; these tables "

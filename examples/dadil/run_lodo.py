@@ -93,16 +93,25 @@ def _gmm(path: Path, X, y, a, C, seed, names):
     return load_gmm(path)
 
 
-def align_to_target(sources: dict, X_target) -> dict:
-    """{domain: (X mapped onto the target's Gaussian, y)}: the target's mean and Ledoit–Wolf
-    covariance as a one-client reference, each source's own map at τ = 1 (``fedalign.align``:
-    what ``stats``, ``barycenter`` of the target's one stats file and ``align --tau 1`` do)."""
-    from fedalign.align import apply_map, client_map, make_reference
-    from fedalign.federation import gaussian_stats
+def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
+    """({domain: (X mapped onto the target's reference, y)}, label-shift record).
 
-    ref = make_reference([gaussian_stats(X_target)])
+    The reference: the target's mean and Ledoit–Wolf covariance, completed by the classes its
+    rows lack (:func:`fedalign.label_shift.target_reference`: Saerens' EM on an LDA of the
+    sources' class statistics; unchanged when no class looks absent); each source's own map
+    at τ = 1 (``fedalign.align``: what ``stats --per-class``, ``target-reference`` and
+    ``align --tau 1`` do)."""
+    from fedalign.align import Reference, apply_map, client_map
+    from fedalign.dadil.target_head import class_statistics
+    from fedalign.federation import gaussian_stats
+    from fedalign.label_shift import target_reference
+
+    t = gaussian_stats(X_target)
+    msgs = [class_statistics(X, y, n_classes) for X, y in sources.values()]
+    mu, cov, rec = target_reference(t.mean, t.covariance, msgs, X_target, n_classes)
+    ref = Reference(mu, cov, np.ones(1), np.array([t.n]), dict(label_shift=rec))
     return {d: (apply_map(X, client_map(gaussian_stats(X), ref, domain=d), 1.0).astype(np.float64),
-                y) for d, (X, y) in sources.items()}
+                y) for d, (X, y) in sources.items()}, rec
 
 
 def aligned(a) -> bool:
@@ -133,15 +142,16 @@ def run_job(a, job):
     sources = [d for d in a.domains if d != T]
     raw = {d: data[d][:2] for d in sources}
     if aligned(a):  # the sources moved onto the target's Gaussian (its adaptation rows)
-        src, gname = align_to_target(raw, X[tr]), f"{{}}.to_{T}_{tag}.labeled.gmm.npz"
+        (src, label_shift), gname = align_to_target(raw, X[tr], C), f"{{}}.to_{T}_{tag}.labeled.gmm.npz"
     else:
-        src, gname = raw, "{}.labeled.gmm.npz"
+        src, gname, label_shift = raw, "{}.labeled.gmm.npz", None
     src_gmm = {d: _gmm(gdir / gname.format(d), *src[d], a, C, seed, names) for d in sources}
     tgt_path = gdir / f"{T}.target_{tag}.gmm.npz"
     tgt = _gmm(tgt_path, X[tr], None, a, C, seed, names)
     res = dict(job=job, target=T, seed=seed, missing=m, dropped_classes=dropped,
                n_adapt=int(len(tr)), n_test=int(len(te)), time={}, n_classes=C,
-               protocol=dict(vars(a), preset_settings=PRESETS[a.preset]))
+               protocol=dict(vars(a), preset_settings=PRESETS[a.preset]),
+               label_shift=label_shift)
     t_all = time.perf_counter()
     states, alpha_traj, consensus = {}, {}, {}
     if kind in ("main", "missing"):

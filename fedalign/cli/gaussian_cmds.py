@@ -223,6 +223,39 @@ def barycenter_cmd(
               f"({time.perf_counter() - t0:.2f}s{_on(bk)}) → {output}")
 
 
+@command("target-reference", outputs=("output",),
+         epilog="Example: fedalign target-reference target.h5 s1.stats.npz s2.stats.npz -o ref.npz\n\n"
+                "Each source first: fedalign stats s1.h5 -o s1.stats.npz --per-class; then: "
+                "fedalign align s1.h5 ref.npz --tau 1 -o s1.to_target.h5")
+def target_reference_cmd(
+    features: Path = typer.Argument(..., help="The target's features file (.h5; labels unused)."),
+    stats: List[Path] = typer.Argument(..., help="The sources' stats files, written with --per-class."),
+    output: Path = output_option("Reference file to write (.npz)."),
+):
+    """The target's Gaussian as the reference, completed by the classes the target lacks.
+
+    SLOT toward the target (every source mapped onto the target's mean and Ledoit–Wolf
+    covariance with `align --tau 1`) squeezes the sources' classes that the target does not
+    hold into the region of those it holds. This reference estimates the target's class
+    priors (Saerens' EM on an LDA of the sources' class statistics); each class that looks
+    absent is put where the sources hold it, moved by the shift the present classes show, and
+    the mixture's Gaussian is the reference. Nothing absent: the target's own Gaussian.
+    Messages: the sources' class counts, class sums, Σx and Σxxᵀ (their --per-class stats);
+    the target's rows stay with it. Formulas: `fedalign.label_shift`.
+    """
+    from fedalign.align import save_reference
+    from fedalign.files import sha256_file
+    from fedalign.label_shift import reference_from_files
+
+    ref, rec = reference_from_files(features, list(stats))
+    extra = dict(producer="fedalign target-reference", target=str(features),
+                 sources=[str(p) for p in stats], source_sha256=[sha256_file(p) for p in stats])
+    save_reference(output, ref, extra)
+    absent = ", ".join(map(str, rec["absent"])) or "none"
+    err.print(f"target-reference: d={ref.d}, classes absent from the target: {absent} "
+              f"(EM {rec['iterations']} iterations) → {output}")
+
+
 @command("align", outputs=("output", "save_map"), epilog="Example: fedalign align --tau 0.5 client3.h5 ref.npz -o client3.aligned.h5\n\n"
                           "Test features with the training map: fedalign align --map c3.map.npz --tau 0.5 test3.h5 -o test3.aligned.h5")
 def align_cmd(

@@ -1,0 +1,203 @@
+"""The target's Gaussian when it lacks classes: label-shift-completed references.
+
+Mapping every source onto the target's Gaussian N(μ_T, Σ_T) (SLOT toward the target, the
+first half of the ``fedalign`` DaDiL pipeline) matches the sources' *whole* distribution to
+the target's. When the target holds only some classes, μ_T and Σ_T describe those classes
+only, and the map squeezes every source class — the missing ones too — into their region.
+This module gives the target a reference that stands for all classes:
+
+1. **Which classes the target holds.** An LDA of the sources' summed class statistics
+   (FedCGS's message, :mod:`fedalign.heads.fedcgs`; ridge :data:`LDA_RIDGE` towards the scaled
+   identity) gives posteriors p(c | x) on the target's rows, trained under the sources' class
+   priors π_S. The EM of Saerens, Latinne & Decaestecker (Neural Computation 14, 2002)
+   re-estimates the target's priors,
+
+       q_ic ∝ p(c | x_i) π̂_c / π_S,c,        π̂_c ← (1/n) Σ_i q_ic,
+
+   from π̂ = π_S until max_c |Δπ̂_c| ≤ ``tol``. Class c is *absent* when
+   π̂_c < :data:`ABSENT_RATIO` · π_S,c.
+2. **The completed Gaussian.** Each absent class c is put where the sources hold it, moved by
+   the shift the present classes show, δ = μ_T − Σ_c π̂_c μ_c^S (μ_c^S: the pooled sources'
+   class means), with the sources' pooled within-class covariance S_W:
+   N(μ_c^S + δ, S_W), weight π_S,c. The target's Gaussian keeps weight w_T = 1 − Σ_absent π_S,c.
+   The reference is the mixture's Gaussian:
+
+       μ = w_T μ_T + Σ_c w_c m_c,
+       Σ = w_T (Σ_T + (μ_T − μ)(μ_T − μ)ᵀ) + Σ_c w_c (S_W + (m_c − μ)(m_c − μ)ᵀ),
+
+   with m_c = μ_c^S + δ. No absent class: the reference is (μ_T, Σ_T) itself, bit for bit.
+
+Messages: each source sends its class statistics (class counts, class sums, Σx, Σxxᵀ:
+``fedalign stats --per-class`` files hold them) to the target once; the target's rows never
+leave it. The thresholds (:data:`LDA_RIDGE`, :data:`ABSENT_RATIO`) were fixed before any run;
+see ``examples/dadil/RESULTS.md`` for what they gave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedalign.errors import FedalignError
+
+#: ridge of the LDA whose posteriors the EM re-weights (towards the scaled identity)
+LDA_RIDGE = 0.1
+#: a class is absent from the target when its estimated prior is below this fraction of the
+#: sources' prior
+ABSENT_RATIO = 0.2
+
+
+@dataclass
+class PriorEstimate:
+    """Saerens' EM: the target's estimated class priors and how the EM ended."""
+
+    priors: np.ndarray          # (C,)
+    train_priors: np.ndarray    # (C,) the sources' π_S
+    iterations: int
+    converged: bool
+    absent: list = field(default_factory=list)
+
+    def record(self) -> dict:
+        return dict(priors=[float(p) for p in self.priors],
+                    train_priors=[float(p) for p in self.train_priors],
+                    iterations=int(self.iterations), converged=bool(self.converged),
+                    absent=[int(c) for c in self.absent], absent_ratio=ABSENT_RATIO,
+                    lda_ridge=LDA_RIDGE, method="Saerens et al. (2002) EM on an LDA of the "
+                    "sources' class statistics")
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of (n, C) scores (−inf: probability 0)."""
+    s = scores - np.max(scores, axis=1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def em_priors(posteriors: np.ndarray, train_priors: np.ndarray, tol: float = 1e-8,
+              max_iter: int = 1000) -> tuple[np.ndarray, int, bool]:
+    """Saerens–Latinne–Decaestecker EM for the priors of unlabeled rows.
+
+    Parameters
+    ----------
+    posteriors : (n, C) p(c | x_i) under ``train_priors``
+    train_priors : (C,) the priors the posteriors were trained under (a class with prior 0
+        stays at 0)
+
+    Returns
+    -------
+    (priors (C,), iterations, converged)
+    """
+    P = np.asarray(posteriors, dtype=np.float64)
+    pi_s = np.asarray(train_priors, dtype=np.float64)
+    if P.ndim != 2 or P.shape[1] != pi_s.shape[0] or len(P) == 0:
+        raise FedalignError(f"posteriors must be (n ≥ 1, {pi_s.shape[0]}), got {P.shape}")
+    ratio = np.divide(1.0, pi_s, out=np.zeros_like(pi_s), where=pi_s > 0)
+    pi = pi_s.copy()
+    for it in range(1, max_iter + 1):
+        Q = P * (pi * ratio)
+        Q /= np.maximum(Q.sum(axis=1, keepdims=True), np.finfo(float).tiny)
+        new = Q.mean(axis=0)
+        done = np.max(np.abs(new - pi)) <= tol
+        pi = new
+        if done:
+            return pi, it, True
+    return pi, max_iter, False
+
+
+def class_moments(messages: list) -> tuple:
+    """Summed class statistics → (π_S (C,), class means μ_c^S (C, d), within-class covariance
+    S_W (d, d)) of the pooled sources (:func:`fedalign.heads.fedcgs.global_statistics`)."""
+    from fedalign.heads import fedcgs
+
+    Nc, Mc, mu, S = fedcgs.global_statistics(messages)
+    return Nc / Nc.sum(), Mc, fedcgs.within(S, Nc, Mc, mu)
+
+
+def estimate_priors(messages: list, X_target: np.ndarray, n_classes: int,
+                    tol: float = 1e-8) -> PriorEstimate:
+    """The target's class priors from the sources' class statistics and its own rows (n, d)
+    (step 1 of the module docstring), absent classes marked."""
+    from fedalign.heads import fedcgs
+
+    cfg = fedcgs.Config(covariance="within", ridge=LDA_RIDGE, shrink_to="identity")
+    head = fedcgs.server_aggregate(messages, n_classes, cfg)
+    pi_s = class_moments(messages)[0]
+    pi, it, ok = em_priors(softmax(head.scores(X_target)), pi_s, tol)
+    absent = np.flatnonzero((pi_s > 0) & (pi < ABSENT_RATIO * pi_s)).tolist()
+    return PriorEstimate(pi, pi_s, it, ok, absent)
+
+
+def completed_gaussian(mean: np.ndarray, covariance: np.ndarray, messages: list,
+                       estimate: PriorEstimate) -> tuple[np.ndarray, np.ndarray]:
+    """The target's Gaussian (μ_T (d,), Σ_T (d, d)) completed by its absent classes (step 2
+    of the module docstring); unchanged (the same arrays) when no class is absent."""
+    if not estimate.absent:
+        return mean, covariance
+    pi_s, Mc, Sw = class_moments(messages)
+    pi = estimate.priors / estimate.priors.sum()
+    shift = mean - pi @ Mc
+    absent = np.asarray(estimate.absent)
+    w = pi_s[absent]
+    w_t = 1.0 - w.sum()
+    if w_t <= 0:
+        raise FedalignError("every class of the sources looks absent from the target: "
+                            "no completed reference")
+    centres = Mc[absent] + shift
+    mu = w_t * mean + w @ centres
+    D = centres - mu
+    dt = mean - mu
+    cov = (w_t * (covariance + np.outer(dt, dt)) + w.sum() * Sw + (D.T * w) @ D)
+    return mu, 0.5 * (cov + cov.T)
+
+
+def target_reference(mean: np.ndarray, covariance: np.ndarray, messages: list,
+                     X_target: np.ndarray, n_classes: int) -> tuple:
+    """(μ, Σ, record): the reference the sources are mapped onto — the target's Gaussian,
+    completed by the classes its rows (n, d) lack (module docstring)."""
+    est = estimate_priors(messages, X_target, n_classes)
+    mu, cov = completed_gaussian(mean, covariance, messages, est)
+    return mu, cov, est.record()
+
+
+def class_message(st, path) -> dict:
+    """FedCGS's message (class counts, class sums, Σx, Σxxᵀ) from a ``stats --per-class``
+    file's :class:`fedalign.stats.GaussianStats`; a file without class sums is refused."""
+    m = st.moments
+    if st.dp is not None or m is None or m.class_counts is None:
+        raise FedalignError(f"{path}: no class sums (write the sources' stats with "
+                            "`fedalign stats --per-class`, without --dp-epsilon)")
+    sx, sxx = m.raw_sums()
+    return dict(class_counts=m.class_counts.copy(), class_sums=m.class_sums.copy(), sum_x=sx,
+                sum_xx=sxx)
+
+
+def reference_from_files(target_features, source_stats) -> tuple:
+    """The target's label-shift-completed reference from its features file and the sources'
+    ``stats --per-class`` files: (:class:`fedalign.align.Reference`, record). What
+    ``fedalign target-reference`` writes; every source file's header is checked against the
+    target's dimension and the first source's classes before the EM runs."""
+    from fedalign.align import Reference
+    from fedalign.files import read_features
+    from fedalign.stats import compute_stats, load_stats
+
+    if not source_stats:
+        raise FedalignError("target-reference needs at least one source stats file")
+    t = compute_stats(target_features)
+    msgs, C = [], None
+    for p in source_stats:
+        st = load_stats(p)
+        if st.d != t.d:
+            raise FedalignError(f"dimension mismatch: {p} has d={st.d}, "
+                                f"{target_features} has d={t.d}")
+        msg = class_message(st, p)
+        if C is not None and len(msg["class_counts"]) != C:
+            raise FedalignError(f"{p}: {len(msg['class_counts'])} classes, the first source "
+                                f"has {C}")
+        C = len(msg["class_counts"])
+        msgs.append(msg)
+    X, _, _ = read_features(target_features)
+    mu, cov, rec = target_reference(t.mean, t.covariance, msgs, np.asarray(X, np.float64), C)
+    meta = dict(reference="the target's Gaussian, completed by the classes it lacks",
+                label_shift=rec)
+    return Reference(mu, cov, np.ones(1), np.array([t.n]), meta), rec
