@@ -67,13 +67,6 @@ class PriorEstimate:
                     "sources' class statistics")
 
 
-def softmax(scores: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of (n, C) scores (−inf: probability 0)."""
-    s = scores - np.max(scores, axis=1, keepdims=True)
-    e = np.exp(s)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def em_priors(posteriors: np.ndarray, train_priors: np.ndarray, tol: float = 1e-8,
               max_iter: int = 1000) -> tuple[np.ndarray, int, bool]:
     """Saerens–Latinne–Decaestecker EM for the priors of unlabeled rows.
@@ -120,10 +113,13 @@ def estimate_priors(messages: list, X_target: np.ndarray, n_classes: int,
     (step 1 of the module docstring), absent classes marked."""
     from fedalign.heads import fedcgs
 
+    from scipy.special import softmax
+
     cfg = fedcgs.Config(covariance="within", ridge=LDA_RIDGE, shrink_to="identity")
     head = fedcgs.server_aggregate(messages, n_classes, cfg)
-    pi_s = class_moments(messages)[0]
-    pi, it, ok = em_priors(softmax(head.scores(X_target)), pi_s, tol)
+    Nc = sum(m["class_counts"] for m in messages).astype(np.float64)
+    pi_s = Nc / Nc.sum()
+    pi, it, ok = em_priors(softmax(head.scores(X_target), axis=1), pi_s, tol)
     absent = np.flatnonzero((pi_s > 0) & (pi < ABSENT_RATIO * pi_s)).tolist()
     return PriorEstimate(pi, pi_s, it, ok, absent)
 
@@ -172,24 +168,36 @@ def class_message(st, path) -> dict:
                 sum_xx=sxx)
 
 
+def completed_reference(stats, messages: list, X_target: np.ndarray, n_classes: int) -> tuple:
+    """:func:`target_reference` of the target's :class:`fedalign.stats.GaussianStats` as a
+    one-client :class:`fedalign.align.Reference` (the EM's record in its metadata), with the
+    record: what the sources' ``align --tau 1`` maps onto."""
+    from fedalign.align import Reference
+
+    mu, cov, rec = target_reference(stats.mean, stats.covariance, messages, X_target, n_classes)
+    meta = dict(reference="the target's Gaussian, completed by the classes it lacks",
+                label_shift=rec)
+    return Reference(mu, cov, np.ones(1), np.array([stats.n]), meta), rec
+
+
 def reference_from_files(target_features, source_stats) -> tuple:
     """The target's label-shift-completed reference from its features file and the sources'
     ``stats --per-class`` files: (:class:`fedalign.align.Reference`, record). What
-    ``fedalign target-reference`` writes; every source file's header is checked against the
-    target's dimension and the first source's classes before the EM runs."""
-    from fedalign.align import Reference
-    from fedalign.files import read_features
+    ``fedalign target-reference`` writes; every source file is checked against the target's
+    dimension (its header) and the first source's classes before the target's rows are read."""
+    from fedalign.files import open_features, read_features
     from fedalign.stats import compute_stats, load_stats
 
     if not source_stats:
         raise FedalignError("target-reference needs at least one source stats file")
-    t = compute_stats(target_features)
+    with open_features(target_features) as ff:
+        d = ff.d
     msgs, C = [], None
     for p in source_stats:
         st = load_stats(p)
-        if st.d != t.d:
+        if st.d != d:
             raise FedalignError(f"dimension mismatch: {p} has d={st.d}, "
-                                f"{target_features} has d={t.d}")
+                                f"{target_features} has d={d}")
         msg = class_message(st, p)
         if C is not None and len(msg["class_counts"]) != C:
             raise FedalignError(f"{p}: {len(msg['class_counts'])} classes, the first source "
@@ -197,7 +205,4 @@ def reference_from_files(target_features, source_stats) -> tuple:
         C = len(msg["class_counts"])
         msgs.append(msg)
     X, _, _ = read_features(target_features)
-    mu, cov, rec = target_reference(t.mean, t.covariance, msgs, np.asarray(X, np.float64), C)
-    meta = dict(reference="the target's Gaussian, completed by the classes it lacks",
-                label_shift=rec)
-    return Reference(mu, cov, np.ones(1), np.array([t.n]), meta), rec
+    return completed_reference(compute_stats(target_features), msgs, np.asarray(X, np.float64), C)

@@ -97,21 +97,21 @@ def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
     """({domain: (X mapped onto the target's reference, y)}, label-shift record).
 
     The reference: the target's mean and Ledoit–Wolf covariance, completed by the classes its
-    rows lack (:func:`fedalign.label_shift.target_reference`: Saerens' EM on an LDA of the
+    rows lack (:func:`fedalign.label_shift.completed_reference`: Saerens' EM on an LDA of the
     sources' class statistics; unchanged when no class looks absent); each source's own map
     at τ = 1 (``fedalign.align``: what ``stats --per-class``, ``target-reference`` and
     ``align --tau 1`` do)."""
-    from fedalign.align import Reference, apply_map, client_map
+    from fedalign.align import apply_map, client_maps
     from fedalign.dadil.target_head import class_statistics
     from fedalign.federation import gaussian_stats
-    from fedalign.label_shift import target_reference
+    from fedalign.label_shift import completed_reference
 
-    t = gaussian_stats(X_target)
     msgs = [class_statistics(X, y, n_classes) for X, y in sources.values()]
-    mu, cov, rec = target_reference(t.mean, t.covariance, msgs, X_target, n_classes)
-    ref = Reference(mu, cov, np.ones(1), np.array([t.n]), dict(label_shift=rec))
-    return {d: (apply_map(X, client_map(gaussian_stats(X), ref, domain=d), 1.0).astype(np.float64),
-                y) for d, (X, y) in sources.items()}, rec
+    ref, rec = completed_reference(gaussian_stats(X_target), msgs, X_target, n_classes)
+    maps = client_maps([gaussian_stats(X) for X, _ in sources.values()], ref,
+                       domains=list(sources))
+    return {d: (apply_map(X, m, 1.0).astype(np.float64), y)
+            for (d, (X, y)), m in zip(sources.items(), maps)}, rec
 
 
 def aligned(a) -> bool:
