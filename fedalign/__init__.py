@@ -17,7 +17,7 @@ Every room, what it holds and what it may import: ``docs/architecture.md``.
 Importing :mod:`fedalign` never imports torch.
 """
 
-__version__ = "0.1.0"
+from fedalign.version import __version__  # noqa: E402,F401
 
 from fedalign.errors import FedalignError  # noqa: E402,F401
 

@@ -691,7 +691,7 @@ def import_features(source, output, fmt: str | None = None, *, features_key=None
     else:
         width = len(str(n - 1))
         ids = [f"{source.stem}/{i:0{width}d}" for i in range(n)]
-    from fedalign import __version__
+    from fedalign.version import __version__
 
     provenance = dict(producer=f"fedalign {__version__} import", source=str(source),
                       source_sha256=sha256_file(source), format=fmt, keys=keys, labels=mapping)

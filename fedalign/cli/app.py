@@ -484,7 +484,7 @@ def command(*args, typer_app=None, outputs=(), folders=(), words=None, **kwargs)
 
 def version_callback(value: bool):
     if value:
-        from fedalign import __version__
+        from fedalign.version import __version__
 
         typer.echo(f"fedalign {__version__}")
         raise typer.Exit()

@@ -229,7 +229,7 @@ def extract_features(
     """
     import torch
 
-    from fedalign import __version__
+    from fedalign.version import __version__
     from fedalign.files import FeatureWriter, after_commit, atomic_output
 
     log = log or (lambda msg: None)
