@@ -92,17 +92,18 @@ def test_report_roundtrip(tmp_path):
 
 # ------------------------------------------------ one file, several spellings: keyed lookups
 def _count_resolutions(monkeypatch):
-    """Count ``os.path.realpath`` calls made by fedalign.files."""
-    import fedalign.files as files
+    """Count ``os.path.realpath`` calls made by fedalign.files (its outputs module resolves
+    every path)."""
+    import fedalign.files.outputs as outputs
 
     calls = []
-    real = files.os.path.realpath
+    real = outputs.os.path.realpath
 
     def counting(p, *a, **k):
         calls.append(p)
         return real(p, *a, **k)
 
-    monkeypatch.setattr(files.os.path, "realpath", counting)
+    monkeypatch.setattr(outputs.os.path, "realpath", counting)
     return calls
 
 
