@@ -6,6 +6,11 @@ output, and is unstable for near-singular covariances).
 
 ``backend`` (default numpy; see :func:`fedalign.backend.get_backend`) runs the same functions
 on torch tensors (``torch.linalg.eigh``, the same clipping), on a CPU or a GPU.
+
+:func:`check_spd` is the numerical test (symmetric to :data:`SYMMETRY_RTOL`, positive
+definite by a Cholesky factorisation) that statistics and the readers of the ``.npz`` kinds
+(:mod:`fedalign.files`) apply to covariances and maps; a failure is one
+:class:`~fedalign.errors.FedalignError` line.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedalign.backend import get_backend
+from fedalign.errors import FedalignError
 
 #: Relative eigenvalue floor: eigenvalues below ``EIG_FLOOR * max(|eig|)`` are clipped.
 EIG_FLOOR = 1e-12
@@ -91,6 +97,39 @@ def is_spd(S: np.ndarray, rtol: float = 1e-10) -> bool:
     if np.abs(S - S.T).max() > rtol * scale:
         return False
     return bool(np.linalg.eigvalsh(sym(S))[0] > 0)
+
+
+#: Relative asymmetry max|M − Mᵀ| / max|M| accepted as rounding (then M is symmetrised).
+SYMMETRY_RTOL = 1e-8
+
+
+def check_spd(M, what: str = "matrix", rtol: float = SYMMETRY_RTOL) -> np.ndarray:
+    """Symmetric positive definite, numerically: returns the symmetrised float64 matrix.
+
+    Symmetric: max|M − Mᵀ| ≤ rtol · max|M|. Positive definite: λ_min > d · eps · tr M (the
+    usual numerical-rank tolerance), tested by a Cholesky factorisation of M − tol·I.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise FedalignError(f"{what} must be a square matrix, got shape {M.shape}")
+    scale = float(np.abs(M).max()) if M.size else 0.0
+    asym = float(np.abs(M - M.T).max()) if M.size else 0.0
+    if asym > rtol * scale:
+        raise FedalignError(f"{what} is not symmetric (max |M − Mᵀ| = {asym:.3g}, "
+                            f"{asym / scale:.1e} of its largest entry)")
+    S = 0.5 * (M + M.T)
+    d = S.shape[0]
+    tol = d * np.finfo(np.float64).eps * float(np.trace(S))
+    ok = scale > 0 and tol >= 0 and bool(np.all(np.diag(S) > 0))
+    if ok:
+        try:
+            np.linalg.cholesky(S - tol * np.eye(d))
+        except np.linalg.LinAlgError:
+            ok = False
+    if not ok:
+        raise FedalignError(f"{what} is not positive definite (singular or with negative "
+                            "eigenvalues)")
+    return S
 
 
 class ScaledIdentityPlusLowRank:

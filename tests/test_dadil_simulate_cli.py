@@ -127,7 +127,7 @@ def test_failure_mid_run_and_interrupt_at_commit_leave_nothing(tmp_path, monkeyp
     assert simulate_cli(gp, fed).exit_code == 0
     old = files_of(fed)
 
-    import fedalign.files
+    import fedalign.files.transactions
 
     seen = []
 
@@ -136,7 +136,7 @@ def test_failure_mid_run_and_interrupt_at_commit_leave_nothing(tmp_path, monkeyp
         if len(paths) == 3 * 4 + 3:     # atoms of rounds 0..3 and the states
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(fedalign.files, "_before_commit", stop)
+    monkeypatch.setattr(fedalign.files.transactions, "_before_commit", stop)
     r = simulate_cli(gp, fed, 3, "replacement", "--force")
     assert r.exit_code == 130 and "interrupted" in r.output and seen[-1] == 15, r.output
     assert files_of(fed) == old

@@ -1,8 +1,8 @@
 """Killed runs leave nothing (issue 13, class 4; and the dadil-round pair, classes 3 and 8).
 
 Every writing command runs in a real subprocess whose commit is stalled by a driver (it
-replaces :func:`fedalign.files._before_commit`, the seam just before the renames, or a
-writer's append); the test then sends SIGTERM, SIGINT or SIGKILL:
+replaces :func:`fedalign.files.transactions._before_commit`, the seam just before the renames,
+or a writer's append); the test then sends SIGTERM, SIGINT or SIGKILL:
 
 - SIGTERM → exit 143, SIGINT → exit 130, one ``error:`` line, the folder exactly as before;
 - SIGKILL → the temporaries stay (nothing can run), and the next run of the same command
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 DRIVER = textwrap.dedent("""
     import os, sys, time
     import fedalign.files as F
+    import fedalign.files.transactions as T
 
     def stall(*a, **k):
         sys.stderr.write("READY\\n")
@@ -39,7 +40,7 @@ DRIVER = textwrap.dedent("""
 
     mode = os.environ.get("FEDALIGN_STALL", "commit")
     if mode == "commit":
-        F._before_commit = stall
+        T._before_commit = stall
     elif mode == "append":  # stall in the middle of writing (after the first block)
         real, calls = F.FeatureWriter.append, []
 
@@ -57,7 +58,7 @@ DRIVER = textwrap.dedent("""
             done.append(b)
             if len(done) == 1 and ".fedalign-tmp-" in str(a):
                 os.kill(os.getpid(), 9)
-        F.os.replace = replace
+        T.os.replace = replace
     from fedalign.cli import main
     sys.argv = ["fedalign"] + sys.argv[1:]
     main()

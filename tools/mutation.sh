@@ -28,7 +28,7 @@ MODULES=(
   "distances|fedalign/dadil/distances.py|tests/test_dadil_distances.py"
   "barycenter|fedalign/dadil/barycenter.py|tests/test_dadil_barycenter.py tests/test_behaviours_dadil.py"
   "gossip|fedalign/dadil/gossip.py|tests/test_dadil_gossip.py tests/test_behaviours_dadil.py tests/test_dadil_gossip_files.py"
-  "state|fedalign/dadil/state.py|tests/test_dadil_gossip.py tests/test_behaviours_dadil.py tests/test_files.py tests/test_dadil_gossip_files.py tests/test_dadil_state.py"
+  "state|fedalign/dadil/state.py|tests/test_dadil_gossip.py tests/test_behaviours_dadil.py tests/test_files_features.py tests/test_files_npz.py tests/test_files_outputs.py tests/test_files_reports.py tests/test_files_transactions.py tests/test_dadil_gossip_files.py tests/test_dadil_state.py"
 )
 
 write_config() {  # $1 = scratch folder, $2 = files to mutate, $3 = test selection
