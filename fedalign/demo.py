@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign.errors import FedalignError
+
 DOMAINS = ("ink", "neon", "blocky")
 
 
@@ -72,7 +74,7 @@ def make_digit_domains(out, per_domain: int = 200, size: int = 32, seed: int = 0
     order = rng.permutation(len(digits.target))
     share = len(order) // len(domains)
     if per_domain > share:
-        raise ValueError(f"per_domain must be at most {share}")
+        raise FedalignError(f"per_domain must be at most {share}", param="per_domain")
     counts = {}
     for k, dom in enumerate(domains):
         idx = order[k * share : (k + 1) * share][:per_domain]

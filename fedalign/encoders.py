@@ -270,7 +270,7 @@ def check_image_size(image_size) -> None:
     loads (``--image-size 100000`` ran a 24 GB machine out of memory)."""
     if image_size and not 8 <= int(image_size) <= MAX_IMAGE_SIZE:
         raise FedalignError(f"image_size must be between 8 and {MAX_IMAGE_SIZE} pixels (or 0: "
-                            f"the model's default), got {image_size}")
+                            f"the model's default), got {image_size}", param="image_size")
 
 
 def create_encoder(model_name: str = BUILTIN_MODEL, weights: str = BUILTIN, seed: int = 0,

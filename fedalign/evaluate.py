@@ -305,7 +305,8 @@ def check_params(params, methods) -> dict:
         out[str(method)] = dict(opts)
     unknown = set(out) - set(methods)
     if unknown:
-        raise FedalignError(f"params for a method not requested: {sorted(unknown)[0]}")
+        raise FedalignError(f"params for a method not requested: {sorted(unknown)[0]}",
+                            param="params")
     return out
 
 

@@ -107,7 +107,7 @@ def check_tau(tau) -> float:
     """Validate τ ∈ [0, 1]."""
     tau = float(tau)
     if not (0.0 <= tau <= 1.0):
-        raise FedalignError(f"tau must be in [0, 1], got {tau}")
+        raise FedalignError(f"tau must be in [0, 1], got {tau}", param="tau")
     return tau
 
 

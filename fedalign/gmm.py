@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 
 CLASS_WEIGHTS = ("balanced", "prior")
 
@@ -197,16 +197,19 @@ def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = No
     if not np.all(np.isfinite(X)):
         raise FedalignError("features contain NaN or Inf")
     if int(components_per_class) < 1:
-        raise FedalignError(f"components per class must be ≥ 1, got {components_per_class}")
+        raise FedalignError(f"components per class must be ≥ 1, got {components_per_class}",
+                            param="components_per_class")
     if class_weights not in CLASS_WEIGHTS:
-        raise FedalignError(f"class weights must be one of {CLASS_WEIGHTS}, got {class_weights!r}")
+        raise FedalignError(f"class weights must be one of {CLASS_WEIGHTS}, got {class_weights!r}",
+                            param="class_weights")
     if min_var is None:
         if var_floor_rel is None or not (np.isfinite(var_floor_rel) and var_floor_rel > 0):
-            raise FedalignError(f"var_floor_rel must be > 0, got {var_floor_rel}")
+            raise FedalignError(f"var_floor_rel must be > 0, got {var_floor_rel}",
+                                param="var_floor_rel")
         floor = variance_floor(X, var_floor_rel)
         reg = 1e-3 * float(floor.mean())
     elif not (np.isfinite(min_var) and min_var > 0):
-        raise FedalignError(f"min_var must be > 0, got {min_var}")
+        raise FedalignError(f"min_var must be > 0, got {min_var}", param="min_var")
     else:
         floor, reg = np.full(X.shape[1], float(min_var)), float(min_var)
     names = [str(c) for c in (class_names or [])]
@@ -218,7 +221,7 @@ def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = No
             raise FedalignError(f"labels have shape {y.shape}, expected ({len(X)},)")
     C = n_classes if n_classes is not None else (len(names) or (int(y.max()) + 1 if labeled else None))
     if C is None:
-        raise FedalignError("unlabeled data: give the number of classes (n_classes)")
+        raise FedalignError(f"unlabeled data: give the number of classes ({spell('n_classes')})")
     C = int(C)
     if C < 1:
         raise FedalignError(f"number of classes must be ≥ 1, got {C}")

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 from fedalign.files import MAX_CLASSES
 
 FORMATS = ("npz", "npy", "mat", "csv", "h5")
@@ -100,12 +100,13 @@ def detect_format(path, fmt: str | None = None) -> str:
         f = str(fmt).lower().lstrip(".")
         f = {"hdf5": "h5", "hdf": "h5", "tsv": "csv", "txt": "csv", "matlab": "mat"}.get(f, f)
         if f not in FORMATS:
-            raise FedalignError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+            raise FedalignError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}",
+                                param="fmt")
         return f
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise FedalignError(f"{path}: cannot tell the format from the suffix {suffix or '(none)'!r}: "
-                            f"give fmt ({', '.join(FORMATS)})")
+                            f"give {spell('fmt')} ({', '.join(FORMATS)})")
     return SUFFIXES[suffix]
 
 
@@ -122,7 +123,7 @@ def _pick(available, explicit, candidates, what, path, param, required=True):
             return c
     if required:
         raise FedalignError(f"{path}: no {what} found (looked for {', '.join(candidates)}; has: "
-                            f"{_listing(available)}): give {param}")
+                            f"{_listing(available)}): give {spell(param)}")
     return None
 
 
@@ -157,7 +158,8 @@ def _read_npz(path, fk, lk, ik, nk) -> Source:
     except (OSError, ValueError, EOFError) as e:
         raise FedalignError(f"{path}: not a readable .npz file ({_first_line(e)})") from None
     if not hasattr(z, "files"):
-        raise FedalignError(f"{path}: is a single .npy array, not an .npz archive: give fmt 'npy'")
+        raise FedalignError(f"{path}: is a single .npy array, not an .npz archive: give "
+                            f"{spell('fmt', repr('npy'))}")
     with z:
         names = z.files
 
@@ -211,7 +213,7 @@ def _read_npy(path, fk, lk, ik, nk) -> Source:
     for name, v in (("features_key", fk), ("labels_key", lk), ("ids_key", ik)):
         if v is not None:
             raise FedalignError(f"{name} has no meaning for a .npy file (one array): give the "
-                                "labels file as labels_file")
+                                f"labels file as {spell('labels_file')}", param=name)
     X = _load_npy(path)
     lab = sibling_labels(path)
     return Source(X, None if lab is None else _load_npy(lab, "labels"), None, None,
@@ -358,7 +360,7 @@ def _is_number(s: str) -> bool:
 def _read_csv(path, fk, lk, ik, nk, delimiter=None) -> Source:
     if fk is not None:
         raise FedalignError("features_key has no meaning for CSV: every column that is not the "
-                            "label or id column is a feature")
+                            "label or id column is a feature", param="features_key")
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -414,7 +416,7 @@ def _read_csv(path, fk, lk, ik, nk, delimiter=None) -> Source:
             bad = next(j for j in fcols if not _is_number(r[j]))
             raise FedalignError(f"{path}: row {k + 1 + bool(header)}, column {columns[bad]!r}: "
                                 f"{r[bad]!r} is not a number (give the label column with "
-                                "labels_key, a name or index)") from None
+                                f"{spell('labels_key')}, a name or index)") from None
     labels = None
     if lj is not None:
         raw = [r[lj].strip() for r in rows]
@@ -457,14 +459,15 @@ def read_class_names(value) -> list:
             try:
                 text = p.read_text(encoding="utf-8-sig")
             except (OSError, UnicodeDecodeError) as e:
-                raise FedalignError(f"class_names: cannot read {p} ({_first_line(e)})") from None
+                raise FedalignError(f"class_names: cannot read {p} ({_first_line(e)})",
+                                    param="class_names") from None
             names = [s.strip() for s in text.splitlines() if s.strip()]
         elif "," in str(value) or not p.suffix:
             names = [s.strip() for s in str(value).split(",") if s.strip()]
         else:
-            raise FedalignError(f"class_names: no such file {value}")
+            raise FedalignError(f"class_names: no such file {value}", param="class_names")
     if not names:
-        raise FedalignError("class_names: no class names given")
+        raise FedalignError("class_names: no class names given", param="class_names")
     return names
 
 
@@ -545,7 +548,8 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
     describes the rule for the provenance.
     """
     if label_values not in LABEL_VALUES:
-        raise FedalignError(f"label_values must be index or sorted, got {label_values!r}")
+        raise FedalignError(f"label_values must be index or sorted, got {label_values!r}",
+                            param="label_values")
     y = _label_vector(raw, n, where)
     names = list(class_names) if class_names else None
     if names is not None:
@@ -575,7 +579,7 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
         if label_values == "index" and not np.all(y == np.round(y)):
             k = int(np.argmax(y != np.round(y)))
             raise FedalignError(f"{where}: label {y[k]!r} (row {k}) is not an integer: use "
-                                "label_values sorted to number the distinct values")
+                                f"{spell('label_values', 'sorted')} to number the distinct values")
     if label_values == "sorted":
         uniq = np.unique(y)
         if names is not None and len(names) != len(uniq):
@@ -588,7 +592,7 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
     base = int(label_base)
     if abs(base) > MAX_CLASSES:
         raise FedalignError(f"label_base must be between −{MAX_CLASSES:,} and {MAX_CLASSES:,}, "
-                            f"got {base}")
+                            f"got {base}", param="label_base")
     # the range is checked before the int64 cast (2⁶⁴−1 wrapped to −1, 1e300 to garbage)
     top = int(np.max(y)) if y.dtype.kind in "iu" else float(np.max(y))
     k = int(np.argmax(y))
@@ -598,22 +602,22 @@ def encode_labels(raw, n: int, class_names=None, label_base: int = 0,
                             f"class names (labels {base}…{C - 1 + base})")
     if top - base + 1 > MAX_CLASSES:
         raise FedalignError(f"{where}: label {_value_name(y[k])} (row {k}) is out of range: "
-                            f"labels are class indices from label_base {base}, "
-                            f"{MAX_CLASSES:,} classes at most; use label_values sorted to "
-                            "number arbitrary values")
+                            f"labels are class indices from {spell('label_base', base)}, "
+                            f"{MAX_CLASSES:,} classes at most; use "
+                            f"{spell('label_values', 'sorted')} to number arbitrary values")
     out = np.round(y).astype(np.int64) - base
     if out.min() < -1:
         k = int(np.argmin(out))
         raise FedalignError(f"{where}: label {_value_name(y[k])} (row {k}) is below "
                             f"{base - 1}: labels are class indices from "
-                            f"label_base {base} (−1 after the shift = unlabeled); use "
-                            "label_values sorted to number arbitrary values")
+                            f"{spell('label_base', base)} (−1 after the shift = unlabeled); use "
+                            f"{spell('label_values', 'sorted')} to number arbitrary values")
     C = len(names) if names is not None else int(out.max()) + 1   # (the range: checked above)
     labeled = out[out >= 0]
     if labeled.size and not (labeled == 0).any() and base == 0 and labeled.min() == 1:
         notes.append(f"no row has label 0 (labels {int(labeled.min())}…{int(labeled.max())}): if "
-                     "they count from 1 (MATLAB), import again with label_base 1; if they are "
-                     "codes such as ±1, with label_values sorted")
+                     f"they count from 1 (MATLAB), import again with {spell('label_base', 1)}; "
+                     f"if they are codes such as ±1, with {spell('label_values', 'sorted')}")
     if names is None:
         names = [str(c) for c in range(C)] if C > 0 else []
     return out, names, dict(rule="index", base=base), notes
@@ -669,10 +673,10 @@ def import_features(source, output, fmt: str | None = None, *, features_key=None
         names = names or []
         mapping = dict(rule="unlabeled")
     elif raw is None:
-        hint = ("give labels_file (e.g. the labels .npy)" if fmt == "npy" else
-                "give labels_key (or labels_file)")
-        raise FedalignError(f"{source}: no labels found: {hint}, or unlabeled=True for unlabeled "
-                            "features")
+        hint = (f"give {spell('labels_file')} (e.g. the labels .npy)" if fmt == "npy" else
+                f"give {spell('labels_key')} (or {spell('labels_file')})")
+        raise FedalignError(f"{source}: no labels found: {hint}, or {spell('unlabeled', True)} "
+                            "for unlabeled features")
     else:
         where = f"{source}: {keys.get('labels', 'labels')}"
         y, names, mapping, notes = encode_labels(raw, n, names, label_base, label_values, where)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 
 
 @dataclass
@@ -168,7 +168,8 @@ def parse_drop(values, class_names: list, clients: list, rng: np.random.Generato
             continue
         target, _, lst = v.rpartition(":")
         if target and target not in drop:
-            raise FedalignError(f"drop: unknown client {target!r} (clients: {', '.join(clients)})")
+            raise FedalignError(f"drop: unknown client {target!r} (clients: {', '.join(clients)})",
+                                param="drop")
         classes = set()
         for tok in filter(None, (t.strip() for t in lst.split(","))):
             if tok in class_names:
@@ -176,9 +177,9 @@ def parse_drop(values, class_names: list, clients: list, rng: np.random.Generato
             elif tok.isdigit() and int(tok) < C:
                 classes.add(int(tok))
             else:
-                raise FedalignError(f"drop: unknown class {tok!r}")
+                raise FedalignError(f"drop: unknown class {tok!r}", param="drop")
         if not classes:
-            raise FedalignError(f"drop: no class named in {v!r}")
+            raise FedalignError(f"drop: no class named in {v!r}", param="drop")
         for c in [target] if target else clients:
             drop[c].update(classes)
     return {c: sorted(s) for c, s in drop.items()}
@@ -200,11 +201,14 @@ def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fract
         (recorded in ``Partition.excluded``) instead of being an error
     """
     if not 0.0 <= test_fraction < 1.0:
-        raise FedalignError(f"test_fraction must be in [0, 1), got {test_fraction}")
+        raise FedalignError(f"test_fraction must be in [0, 1), got {test_fraction}",
+                            param="test_fraction")
     if min_client_size < 1:
-        raise FedalignError(f"min_client_size must be at least 1, got {min_client_size}")
+        raise FedalignError(f"min_client_size must be at least 1, got {min_client_size}",
+                            param="min_client_size")
     if clients_per_domain < 1:
-        raise FedalignError(f"clients_per_domain must be at least 1, got {clients_per_domain}")
+        raise FedalignError(f"clients_per_domain must be at least 1, got {clients_per_domain}",
+                            param="clients_per_domain")
     C = check_compatible(domains)
     class_names = domains[0].class_names or [str(c) for c in range(C)]
     M = clients_per_domain
@@ -238,7 +242,8 @@ def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fract
             raise FedalignError(
                 f"client {empty[0]} {size} (alpha={alpha}, seed={seed}"
                 + (f", after {redraws} redraws" if redraws else "")
-                + "); use a larger alpha, another seed or a larger max_redraws"
+                + f"); use a larger {spell('alpha')}, another {spell('seed')} or a larger "
+                f"{spell('max_redraws')}"
             )
         redraws += 1
     excluded = {n: clients.pop(n) for n in empty}

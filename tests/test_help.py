@@ -14,6 +14,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from fedalign.cli import app
+from fedalign import defaults
 from fedalign.cli.app import PlainHelp, fold_notes
 
 runner = CliRunner()
@@ -150,3 +151,33 @@ def test_fold_notes_one_line_per_message():
     assert lines == ["fedpft: a single sample, no GMM fitted (count sent) (3): client 0 class 3, "
                      "client 1 class 5, client 2 class 7", "fedpft: something else"]
     assert fold_notes("fedpft", notes[:1]) == ["fedpft: " + notes[0]]
+
+
+def test_help_numbers_come_from_the_code():
+    """Defaults and the presets' values in the help are the code's (``--lr`` said "gd …
+    default 0.5" while the preset stepped 0.2)."""
+    from fedalign.dadil.optim import PRESETS
+
+    assert PRESETS is defaults.DADIL_PRESETS
+    fed, ref = PRESETS["fedalign"], PRESETS["reference"]
+    for cmd in ("dadil-round", "dadil-simulate"):
+        text = " ".join(_help((cmd,), 200).split())
+        assert f"(fedalign {fed['optimizer']} {fed['lr']:g}, reference {ref['optimizer']} " \
+               f"{ref['lr']:g})" in text and "default 0.5" not in text
+        assert f"Adam lr {ref['lr']:g}, α projected, min_var {ref['min_var']:g}" in text
+        assert f"fedalign {fed['lr_alpha']:g}, reference {ref['lr_alpha']:g}" in text
+        assert re.search(rf"--n-atoms INT .*\[default: {defaults.N_ATOMS}; ≥ 1\]", text)
+        assert re.search(rf"--local-steps, -E INT .*\[default: {defaults.LOCAL_STEPS}; ≥ 0\]", text)
+    ev = " ".join(_help(("dadil-evaluate",), 200).split())
+    assert re.search(rf"--n-atoms INT .*\[default: {defaults.N_ATOMS}; ≥ 1\]", ev)
+    assert f"[default: {defaults.TAU}; 0 ≤ x ≤ 1]" in _help(("align",), 200)
+
+
+@pytest.mark.parametrize("path", [[], ["align"], ["dadil-round"]])
+def test_help_imports_neither_numpy_nor_torch(path):
+    code = ("import sys; from fedalign.cli import app\n"
+            f"sys.argv = ['fedalign', *{path!r}, '--help']\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print('HEAVY', [m for m in ('numpy', 'torch', 'h5py') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in r.stdout, r.stdout + r.stderr

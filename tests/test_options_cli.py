@@ -61,7 +61,7 @@ def test_defaults_are_the_library_constants():
     assert inspect.signature(compute_stats).parameters["chunk_rows"].default == defaults.CHUNK_ROWS
     assert inspect.signature(align.align_file).parameters["chunk_rows"].default == defaults.CHUNK_ROWS
     r = runner.invoke(app, ["align", "--help"])
-    assert f"[default: {defaults.TAU}]" in r.stdout
+    assert f"[default: {defaults.TAU}; 0 ≤ x ≤ 1]" in r.stdout   # the range: declared
     assert f"[default: {defaults.CHUNK_ROWS}; ≥ 1]" in r.stdout
     for cmd in ("dadil-round", "consensus", "dadil-evaluate", "dadil-envelope"):
         r = runner.invoke(app, [cmd, "--help"])

@@ -17,8 +17,11 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, guard_outputs, out, progress_bar, require
+from fedalign import defaults
+from fedalign.cli.app import command
+from fedalign.cli.console import err, out, progress_bar
 from fedalign.cli.options import json_option, output_option, seeds_option, threads_option
+from fedalign.cli.runtime import guard_outputs
 
 
 def _threads(n: int) -> None:
@@ -29,51 +32,59 @@ def _threads(n: int) -> None:
     limit_threads(n)
 
 
+#: The DaDiL presets (:data:`fedalign.dadil.optim.PRESETS`), whose values the help quotes.
+_FED, _REF = defaults.DADIL_PRESETS["fedalign"], defaults.DADIL_PRESETS["reference"]
+
 #: The options of a fresh client, shared by ``dadil-round --init`` and ``dadil-simulate``
 #: (:mod:`fedalign.cli.simulate_cmds`): {parameter: (default, flag, help)}.
 INIT_OPTIONS = {
-    "n_atoms": (3, "--n-atoms", "Number of atoms A."),
+    "n_atoms": (defaults.N_ATOMS, "--n-atoms", "Number of atoms A."),
     "n_components": (None, "--n-components", "Components per atom K (default: the GMM's K)."),
     "n_classes": (None, "--n-classes", "Classes C for an unlabeled GMM without class names."),
-    "preset": ("fedalign", "--preset", "fedalign (scale-free gradient steps, α by projected Newton, floor 1 % of the data variance) or reference (GMM-DaDiL code: Adam lr 0.1, α projected, min_var 0.05)."),
+    "preset": ("fedalign", "--preset", "fedalign (scale-free gradient steps, α by projected "
+               f"Newton, floor {100 * _FED['var_floor_rel']:g} % of the data variance) or "
+               f"reference (GMM-DaDiL code: Adam lr {_REF['lr']:g}, α projected, min_var "
+               f"{_REF['min_var']:g})."),
     "optimizer": (None, "--optimizer", "gd or adam (default: the preset's)."),
-    "lr": (None, "--lr", "Step size (gd: fraction of the residual per step, default 0.5; adam: absolute, default 0.1)."),
+    "lr": (None, "--lr", "Step size (gd: fraction of the residual per step; adam: absolute); "
+           f"default: the preset's (fedalign {_FED['optimizer']} {_FED['lr']:g}, reference "
+           f"{_REF['optimizer']} {_REF['lr']:g})."),
     "alpha_rule": (None, "--alpha-rule", "newton, projected or eg (default: the preset's)."),
-    "lr_alpha": (None, "--lr-alpha", "Step of the α rule (default: the preset's)."),
-    "lr_decay": (None, "--lr-decay", "The atoms' step in round t is lr / (1 + lr_decay·(t − 1)) (default: the preset's)."),
-    "var_floor_rel": (None, "--var-floor-rel", "Variance floor as a fraction of the client's per-dimension data variance (fedalign preset: 0.01)."),
-    "min_var": (None, "--min-var", "Absolute variance floor instead (reference preset: 0.05)."),
+    "lr_alpha": (None, "--lr-alpha", "Step of the α rule (default: the preset's: fedalign "
+                 f"{_FED['lr_alpha']:g}, reference {_REF['lr_alpha']:g})."),
+    "lr_decay": (None, "--lr-decay", "The atoms' step in round t is lr / (1 + lr_decay·(t − 1)) "
+                 f"(default: the preset's: fedalign {_FED['lr_decay']:g}, reference "
+                 f"{_REF['lr_decay']:g})."),
+    "var_floor_rel": (None, "--var-floor-rel", "Variance floor as a fraction of the client's "
+                      f"per-dimension data variance (fedalign preset: {_FED['var_floor_rel']:g})."),
+    "min_var": (None, "--min-var", f"Absolute variance floor instead (reference preset: "
+                f"{_REF['min_var']:g})."),
     "shared_init": (False, "--shared-init", "Every client starts from the same N(0, I) atoms drawn from --seed alone (the earlier behaviour; M_ij(0) = 0)."),
     "seed": (0, "--seed", "Federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
 }
 
+#: The ranges the parser checks (typer's ``min``/``max``). The open ones (``--lr``,
+#: ``--lr-alpha``, the variance floors: > 0) are the library's to check.
+INIT_RANGES = {"n_atoms": dict(min=1), "n_components": dict(min=1), "n_classes": dict(min=1),
+               "lr_decay": dict(min=0), "seed": dict(min=0)}
+
 
 def init_option(name: str, prefix: str = ""):
-    """The typer option of :data:`INIT_OPTIONS` ``name``; a ``prefix`` (``"--init: "``) is put
-    before its help, whose first letter is then lower-case."""
+    """The typer option of :data:`INIT_OPTIONS` ``name`` (with its :data:`INIT_RANGES`); a
+    ``prefix`` (``"--init: "``) is put before its help, whose first letter is then lower-case."""
     default, flag, text = INIT_OPTIONS[name]
     if prefix:
         text = prefix + text[:1].lower() + text[1:]
-    return typer.Option(default, flag, help=text)
+    return typer.Option(default, flag, help=text, **INIT_RANGES.get(name, {}))
 
 
-def check_init_options(*, local_steps=None, n_atoms=None, n_components=None, n_classes=None,
-                       preset=None, optimizer=None, lr=None, alpha_rule=None, lr_alpha=None,
-                       lr_decay=None, var_floor_rel=None, min_var=None) -> None:
-    """The checks of a fresh client's options (and of E), in the CLI's words: counts ≥ 1
-    (E ≥ 0), steps and floors > 0, ``--lr-decay`` ≥ 0, names among the library's choices.
-    None is not checked (the preset's value)."""
+def check_init_options(*, preset=None, optimizer=None, alpha_rule=None) -> None:
+    """The names of a fresh client's options, checked before any file is read, in the CLI's
+    words: among the library's choices (None is not checked: the preset's). The numbers are
+    checked by the parser (:data:`INIT_RANGES`) or by the library."""
     from fedalign.dadil.optim import ALPHA_RULES, OPTIMIZERS, PRESETS
     from fedalign.errors import FedalignError
 
-    for flag, value, lo in (("--local-steps", local_steps, 0),
-                            ("--n-atoms", n_atoms, 1), ("--n-components", n_components, 1),
-                            ("--n-classes", n_classes, 1)):
-        require(flag, value, lo)
-    for flag, value in (("--lr", lr), ("--lr-alpha", lr_alpha), ("--min-var", min_var),
-                        ("--var-floor-rel", var_floor_rel)):
-        require(flag, value, above=0)
-    require("--lr-decay", lr_decay, 0)
     for flag, value, choices in (("--preset", preset, PRESETS), ("--optimizer", optimizer, OPTIMIZERS),
                                  ("--alpha-rule", alpha_rule, ALPHA_RULES)):
         if value is not None and value not in choices:
@@ -94,7 +105,7 @@ def dadil_round_cmd(
     client: Optional[str] = typer.Option(None, "--client", help="Client id (required with --init; otherwise checked against the state)."),
     gmm: Optional[Path] = typer.Option(None, "--gmm", help="The client's GMM (from fit-gmm; required with --init, default: the one recorded in the state)."),
     strategy: str = typer.Option("aggregation", help="replacement, aggregation or none."),
-    local_steps: int = typer.Option(5, "--local-steps", "-E", help="Local optimisation steps on the client's own loss per round."),
+    local_steps: int = typer.Option(defaults.LOCAL_STEPS, "--local-steps", "-E", min=0, help="Local optimisation steps on the client's own loss per round."),
     n_atoms: int = init_option("n_atoms", "--init: "),
     n_components: Optional[int] = init_option("n_components", "--init: "),
     n_classes: Optional[int] = init_option("n_classes", "--init: "),
@@ -125,10 +136,7 @@ def dadil_round_cmd(
     from fedalign.dadil.gossip import STRATEGIES, describe_round, init_files, round_files
     from fedalign.errors import FedalignError
 
-    check_init_options(local_steps=local_steps, n_atoms=n_atoms, n_components=n_components,
-                       n_classes=n_classes, preset=preset, optimizer=optimizer, lr=lr,
-                       alpha_rule=alpha_rule, lr_alpha=lr_alpha, lr_decay=lr_decay,
-                       var_floor_rel=var_floor_rel, min_var=min_var)
+    check_init_options(preset=preset, optimizer=optimizer, alpha_rule=alpha_rule)
     paths = list(peers or []) + list(peer or [])
     # the state is updated in place (atomically): it is the one input that is also an output
     guard_outputs(paths + [gmm, state], [output, state], allow=[state])
@@ -163,7 +171,7 @@ def consensus_cmd(
     output: Optional[Path] = output_option("Report (.json) with M_ij(t).", required=False),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the consensus curves."),
     n_weights: int = typer.Option(10, "--n-weights", "-L", min=1, help="Common weight vectors: the A vertices, then Dirichlet(1) draws."),
-    seed: int = typer.Option(0, help="Seed of the Dirichlet weight vectors."),
+    seed: int = typer.Option(0, min=0, help="Seed of the Dirichlet weight vectors."),
     every: int = typer.Option(1, min=1, help="Analyse every N-th round (and the last)."),
     threads: int = threads_option(),
 ):
@@ -245,7 +253,7 @@ def dadil_evaluate_cmd(
     target_gmm: Optional[Path] = typer.Option(None, "--target-gmm", help="The target's unlabeled GMM (centralized baseline)."),
     oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
     central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
-    n_atoms: int = typer.Option(3, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
+    n_atoms: int = typer.Option(defaults.N_ATOMS, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
     classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and --head-gmm), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --head-gmm)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
     target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5), seen unlabeled: the lda head of every GMM-based row pseudo-labels them (added to the default heads), and --peers adapt to them; labels in it, where present, train only the peers' ceiling row."),

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from fedalign.cli.app import command, err
+from fedalign.cli.app import command
+from fedalign.cli.console import err
 
 
 @command("demo-data", folders=("output",), epilog="Example: fedalign demo-data images/ --per-domain 200 --size 32")
@@ -14,7 +15,7 @@ def demo_data_cmd(
     output: Path = typer.Argument(..., help="Folder to create: OUTPUT/<domain>/<digit>/<i>.png."),
     per_domain: int = typer.Option(200, min=1, help="Images per domain (≤ 599)."),
     size: int = typer.Option(32, min=8, help="Image side in pixels (≥ 8)."),
-    seed: int = typer.Option(0, help="Split and style seed."),
+    seed: int = typer.Option(0, min=0, help="Split and style seed."),
 ):
     """Render scikit-learn's bundled digits in three visual styles (ink, neon, blocky).
 
@@ -29,8 +30,5 @@ def demo_data_cmd(
         raise FedalignError(f"{output} exists and is not empty")
     make_output_folder(output.parent)
     with atomic_output(output, directory=True) as tree:  # the whole tree appears at the end
-        try:
-            counts = make_digit_domains(tree, per_domain, size, seed)
-        except ValueError as e:
-            raise FedalignError(str(e)) from None
+        counts = make_digit_domains(tree, per_domain, size, seed)
     err.print("demo-data: " + ", ".join(f"{d} {n}" for d, n in counts.items()) + f" images → {output}")

@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, out, require
+from fedalign.cli.app import command
+from fedalign.cli.console import err, out
 from fedalign.cli.options import json_option, seeds_option, threads_option
 
 
@@ -54,9 +55,9 @@ def envelope_cmd(
     test: Path = typer.Option(..., "--test", help="The target's labelled test features (.h5), never used to fit the GMMs."),
     missing: Optional[List[str]] = typer.Option(None, "--missing", help="NAME=CLASSES: classes removed from that GMM's data (indices or names, e.g. reduced=3,7); reports accuracy on them. Default for a labeled GMM: classes without a component."),
     classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="linear (head on samples of B(α_T)) and/or map: linear,map or repeat (default: both)."),
-    n_per_class: int = typer.Option(500, "--n-per-class", help="Samples per class of B(α_T) for the linear head."),
+    n_per_class: int = typer.Option(500, "--n-per-class", min=1, help="Samples per class of B(α_T) for the linear head."),
     seeds_opt: List[str] = seeds_option("Sampling seeds of the linear head: 0,1,2 or 0-4."),
-    steps: int = typer.Option(100, "--steps", help="Steps of the α fit (fedalign.dadil.dictionary.fit_alpha)."),
+    steps: int = typer.Option(100, "--steps", min=1, help="Steps of the α fit (fedalign.dadil.dictionary.fit_alpha)."),
     rule: str = typer.Option("projected", "--rule", help="α update rule of fedalign.dadil.dictionary.fit_alpha: projected (gradient step + projection onto the simplex, as in the paper), newton or eg."),
     tol: float = typer.Option(1e-9, "--tol", min=0.0, help="Stop the α fit when α changes by less than this."),
     labeled: bool = typer.Option(False, "--labeled", help="Fit α on SMW2² with the target GMM's labels (oracle) instead of MW2² (as the unlabeled target would)."),
@@ -85,8 +86,6 @@ def envelope_cmd(
     from fedalign.gmm import load_gmm
     from fedalign.threads import limit_threads
 
-    require("--steps", steps, 1)
-    require("--n-per-class", n_per_class, 1)
     limit_threads(threads)
     t0 = time.perf_counter()
     heads = list(parse_classifiers(classifier))

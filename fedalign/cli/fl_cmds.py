@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, fold_notes, out, progress_bar
+from fedalign.cli.app import command
+from fedalign.cli.console import err, fold_notes, out, progress_bar
 from fedalign.cli.options import json_option, output_option, seeds_option
 from typer.core import TyperCommand
 
@@ -49,17 +50,16 @@ class GreedyCommand(TyperCommand):
 
 
 @command("partition", folders=("output",),
-         words={"drop": "--drop-classes", "alpha": "--alpha", "seed": "--seed"},
          epilog="Example: fedalign partition amazon.h5 caltech10.h5 dslr.h5 webcam.h5 -o clients/ "
                 "--alpha 0.1 --seed 0")
 def partition_cmd(
     domains: List[Path] = typer.Argument(..., help="One labeled features file (.h5) per domain; the domain name is the file stem."),
     output: Path = output_option("Output folder."),
     alpha: str = typer.Option("0.1", help="Dirichlet concentration of the label shift, or 'none' (domain shift only)."),
-    seed: int = typer.Option(0, help="Random seed (the split and the draw are deterministic)."),
+    seed: int = typer.Option(0, min=0, help="Random seed (the split and the draw are deterministic)."),
     test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction."),
     clients_per_domain: int = typer.Option(1, min=1, help="Clients per domain (M)."),
-    drop_classes: Optional[List[str]] = typer.Option(
+    drop: Optional[List[str]] = typer.Option(
         None, "--drop-classes",
         help="FRACTION (each client drops that share of classes at random) or [CLIENT:]LIST of class names/indices. Repeatable."),
     max_redraws: int = typer.Option(0, min=0, help="Redraw the Dirichlet fractions up to N times while a client is empty (default: an empty client is an error)."),
@@ -80,7 +80,7 @@ def partition_cmd(
 
     a = parse_alpha(alpha)
     doms = load_domains(domains)
-    part = make_partition(doms, a, seed, test_fraction, clients_per_domain, drop_classes, max_redraws,
+    part = make_partition(doms, a, seed, test_fraction, clients_per_domain, drop, max_redraws,
                           min_client_size, exclude_small_clients)
     names, train, dnames, test = counts_table(doms, part)
     paths = write_partition(doms, part, output)
@@ -108,7 +108,6 @@ def partition_cmd(
 
 
 @command("evaluate", cls=GreedyCommand, outputs=("json_out",),
-         words={"params": "--param"},
          epilog="Example: fedalign evaluate --method ofedavg --method fedcgs --train clients/*.train.h5 "
                 "--test clients/*.test.h5 --seeds 0 1 2 --json report.json")
 def evaluate_cmd(
@@ -116,7 +115,7 @@ def evaluate_cmd(
     train: Optional[List[Path]] = typer.Option(None, "--train", help="Client train files (.h5), one per client."),
     test: List[Path] = typer.Option(..., "--test", help="Per-domain test files (.h5), aligned like their clients."),
     seeds_opt: List[str] = seeds_option("Seeds: 0 1 2, 0,1,2 or a range 0-4."),
-    param: Optional[List[str]] = typer.Option(None, "--param", help="Method option METHOD.KEY=VALUE, e.g. fedpft.epochs=10 (repeatable)."),
+    params: Optional[List[str]] = typer.Option(None, "--param", help="Method option METHOD.KEY=VALUE, e.g. fedpft.epochs=10 (repeatable)."),
     inputs: Optional[List[Path]] = typer.Option(None, "--input", help="Extra inputs of external methods (e.g. DaDiL state files)."),
     maps: Optional[List[Path]] = typer.Option(None, "--map", help="Every client's map (align --save-map) for O-FedAvg's transport layer (ofedavg.tau_schedule=cosine, e.g. ofedavg.variant=reference): the --train files are then the unaligned ones, the --test files mapped at τ_max."),
     json_out: Optional[Path] = json_option("Write the report (JSON)."),
@@ -139,12 +138,12 @@ def evaluate_cmd(
     from fedalign.files import check_distinct, write_report
     from fedalign.heads import get_method
 
-    params = parse_params(param)
+    by_method = parse_params(params)
     seeds = check_seeds(parse_seeds(seeds_opt))
     internal = [m for m in method if m not in EXTERNAL_METHODS]
     for m in internal:
-        get_method(m).config(params.get(m))  # validate names and options before any work
-    params = check_params(params, method)
+        get_method(m).config(by_method.get(m))  # validate names and options before any work
+    by_method = check_params(by_method, method)
     if internal and not train:
         raise FedalignError(f"methods {', '.join(internal)} need client --train files")
     check_distinct(train or [], "--train file")
@@ -156,9 +155,10 @@ def evaluate_cmd(
     with progress_bar(len(internal) * len(seeds), "evaluate", unit="runs") as bar:
         for m in method:
             if m in EXTERNAL_METHODS:
-                results.append(evaluate_external(m, inputs or [], tests, class_names, seeds, params.get(m, {})))
+                results.append(evaluate_external(m, inputs or [], tests, class_names, seeds,
+                                                 by_method.get(m, {})))
             else:
-                results.append(evaluate_method(m, clients, tests, len(class_names), seeds, params.get(m), bar,
+                results.append(evaluate_method(m, clients, tests, len(class_names), seeds, by_method.get(m), bar,
                                                maps=client_maps))
     out.print(result_table(results, [t.domain for t in tests], seeds))
     for r in results:

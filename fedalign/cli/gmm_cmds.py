@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from fedalign.cli.app import command, err
+from fedalign.cli.app import command
+from fedalign.cli.console import err
 from fedalign.cli.options import output_option
 
 
@@ -25,7 +26,7 @@ def fit_gmm_cmd(
                                             help="C (default: the file's class names, else max label + 1)."),
     var_floor_rel: float = typer.Option(0.01, "--var-floor-rel", help="Variance floor per dimension as a fraction of that dimension's variance over the file (a rule that ignores the features' scale)."),
     min_var: Optional[float] = typer.Option(None, "--min-var", help="Absolute variance floor instead of --var-floor-rel (also EM regularisation)."),
-    seed: int = typer.Option(0, help="EM initialisation seed (same seed → same file)."),
+    seed: int = typer.Option(0, min=0, help="EM initialisation seed (same seed → same file)."),
     max_iter: int = typer.Option(100, min=1, help="Maximum EM iterations per mixture."),
     tol: float = typer.Option(1e-3, min=0.0, help="EM tolerance on the mean log-likelihood."),
 ):

@@ -8,16 +8,13 @@ from typing import Optional
 
 import typer
 
-from fedalign.cli.app import _flags, cli_words, command, err
+from fedalign.cli.app import command
+from fedalign.cli.console import err
 from fedalign.cli.options import output_option
-
-#: Library parameters of :func:`fedalign.importers.import_features` this command spells
-#: otherwise (the others are its own parameter names).
-WORDS = {"fmt": "--format", "labels_file": "--labels"}
 
 
 @command(
-    "import", outputs=("output",), words=WORDS,
+    "import", outputs=("output",),
     epilog=(
         "Example: fedalign import amazon.npz -o amazon.h5\n"
         "MATLAB, labels 1…10: fedalign import webcam.mat -o webcam.h5 --label-base 1 --class-names classes.txt\n"
@@ -33,7 +30,7 @@ def import_cmd(
     labels_key: Optional[str] = typer.Option(None, "--labels-key", help="Labels array / variable / dataset, or CSV column name or index (-1: the last) (default: the first of labels, label, y, targets, class)."),
     ids_key: Optional[str] = typer.Option(None, "--ids-key", help="Per-row ids (default: ids or id when present, else SOURCE-STEM/ROW)."),
     class_names_key: Optional[str] = typer.Option(None, "--class-names-key", help="Array / variable / dataset of class names (default: class_names, classes or categories when present)."),
-    labels: Optional[Path] = typer.Option(None, "--labels", help="Labels from their own file (.npy, or one label per line); for a .npy the default is its sibling (X_features.npy → X_labels.npy, X.npy → y.npy)."),
+    labels_file: Optional[Path] = typer.Option(None, "--labels", help="Labels from their own file (.npy, or one label per line); for a .npy the default is its sibling (X_features.npy → X_labels.npy, X.npy → y.npy)."),
     class_names: Optional[str] = typer.Option(None, "--class-names", help="Class names: a file with one name per line, or a,b,c (default: from the data, the string labels, or the label values)."),
     label_base: int = typer.Option(0, "--label-base", help="Integer labels are class indices counted from this value (1 for MATLAB's 1…C labels); -1 after the shift is unlabeled."),
     label_values: str = typer.Option("index", "--label-values", help="index (labels are class indices) or sorted (the distinct values, sorted, become 0…K-1: for ±1 labels or sparse codes)."),
@@ -52,12 +49,11 @@ def import_cmd(
 
     t0 = time.perf_counter()
     res = import_features(source, output, fmt, features_key=features_key, labels_key=labels_key,
-                          ids_key=ids_key, class_names_key=class_names_key, labels_file=labels,
+                          ids_key=ids_key, class_names_key=class_names_key, labels_file=labels_file,
                           class_names=class_names, label_base=label_base,
                           label_values=label_values, unlabeled=unlabeled, delimiter=delimiter)
-    flags = _flags(import_cmd)
-    for note in res.notes:
-        err.print(f"import: note: {cli_words(note, flags, WORDS)}", markup=False)
+    for note in res.notes:  # (in the command's words: fedalign.errors.spell)
+        err.print(f"import: note: {note}", markup=False)
     keys = ", ".join(f"{k}={v}" for k, v in res.keys.items())
     shown = ", ".join(res.class_names[:10]) + (", …" if len(res.class_names) > 10 else "")
     err.print(f"import: {res.format} ({keys}): n={res.n} d={res.d}, {len(res.class_names)} classes"

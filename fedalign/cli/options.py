@@ -52,8 +52,9 @@ def chunk_rows_option(help: str = "Rows per streamed chunk (memory ∝ chunk_row
 
 def tau_option(help: str = "Geodesic time τ ∈ [0, 1]: 0 keeps features, 1 maps fully onto the "
                            "reference."):
-    """``--tau T``, default :data:`fedalign.defaults.TAU`."""
-    return typer.Option(defaults.TAU, "--tau", help=help)
+    """``--tau T`` ∈ [0, 1] (declared: the parser checks it), default
+    :data:`fedalign.defaults.TAU`."""
+    return typer.Option(defaults.TAU, "--tau", min=0, max=1, help=help)
 
 
 # --------------------------------------------------------------------------------------------

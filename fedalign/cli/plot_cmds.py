@@ -8,7 +8,9 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import HelpGroup, app, command, err
+from fedalign.cli.app import app, command
+from fedalign.cli.console import err
+from fedalign.cli.help import HelpGroup
 from fedalign.cli.options import output_option
 
 plot_app = typer.Typer(cls=HelpGroup,
@@ -30,7 +32,7 @@ def embedding_cmd(
     output: Path = output_option("PNG to write.", default=Path("embedding.png")),
     method: str = typer.Option("pca", help="pca or tsne."),
     max_points: int = typer.Option(500, min=2, help="Rows drawn per file."),
-    seed: int = typer.Option(0, help="Subsampling / t-SNE seed."),
+    seed: int = typer.Option(0, min=0, help="Subsampling / t-SNE seed."),
 ):
     """2-D projection of client features before (and after) alignment.
 
@@ -73,10 +75,10 @@ def reconstruction_cmd(
     alpha: Optional[str] = typer.Option(None, "--alpha", help="α_T: weights (0.2,0.5,0.3) or REPORT.json[:NAME], the α a dadil-envelope report fitted on GMM NAME (overrides the state's)."),
     missing: Optional[str] = typer.Option(None, "--missing", help="Classes removed from the target's adaptation data, indices or names (3,7): drawn in colour, the others in grey. Default: those of the --alpha report."),
     output: Path = output_option("PNG to write.", default=Path("reconstruction.png")),
-    n_per_class: int = typer.Option(200, "--n-per-class", help="Samples of B(α_T) per class."),
+    n_per_class: int = typer.Option(200, "--n-per-class", min=1, help="Samples of B(α_T) per class."),
     method: str = typer.Option("tsne", help="tsne (scikit-learn t-SNE, joint) or pca."),
-    max_points: int = typer.Option(1000, "--max-points", help="Real rows and samples drawn, each (uniform subsample)."),
-    seed: int = typer.Option(0, help="Sampling, subsampling and t-SNE seed."),
+    max_points: int = typer.Option(1000, "--max-points", min=1, help="Real rows and samples drawn, each (uniform subsample)."),
+    seed: int = typer.Option(0, min=0, help="Sampling, subsampling and t-SNE seed."),
 ):
     """Real target features and samples of its barycenter B(α_T) in one 2-D embedding.
 
@@ -95,8 +97,6 @@ def reconstruction_cmd(
 
     if (state is None) == (atoms is None):
         raise FedalignError("give either --state (the target's state) or --atoms with --alpha")
-    if int(n_per_class) < 1 or int(max_points) < 1:
-        raise FedalignError("--n-per-class and --max-points must be ≥ 1")
     inputs = [features, state, atoms, alpha.rpartition(":")[0] if alpha else None]
     if any(p and Path(p).resolve() == output.resolve() for p in inputs):
         raise FedalignError(f"-o {output} is one of the inputs: refusing to overwrite it")

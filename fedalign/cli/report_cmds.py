@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, out
+from fedalign.cli.app import command
+from fedalign.cli.console import out
 
 
 @command("report", epilog="Example: fedalign report base.json slot.json dadil.json")

@@ -20,7 +20,9 @@ from typing import List, Optional
 
 import typer
 
-from fedalign.cli.app import command, err, progress_bar
+from fedalign import defaults
+from fedalign.cli.app import command
+from fedalign.cli.console import err, progress_bar
 from fedalign.cli.dadil_cmds import check_init_options, init_option
 from fedalign.cli.options import output_option, threads_option
 
@@ -90,7 +92,7 @@ def dadil_simulate_cmd(
     output: Path = output_option("Federation folder (created): state/<client>.state.npz and round_XXX/<client>.atoms.npz for rounds 0…R."),
     rounds: int = typer.Option(..., "--rounds", min=1, help="Synchronous rounds R (round t of every client reads the round t−1 atoms of all the others)."),
     strategy: str = typer.Option("aggregation", "--strategy", help="replacement, aggregation or none."),
-    local_steps: int = typer.Option(5, "--local-steps", "-E", help="Local optimisation steps on each client's own loss per round."),
+    local_steps: int = typer.Option(defaults.LOCAL_STEPS, "--local-steps", "-E", min=0, help="Local optimisation steps on each client's own loss per round."),
     n_atoms: int = init_option("n_atoms"),
     n_components: Optional[int] = init_option("n_components"),
     n_classes: Optional[int] = init_option("n_classes"),
@@ -123,10 +125,7 @@ def dadil_simulate_cmd(
     from fedalign.threads import limit_threads
 
     clients = parse_clients(gmms)
-    check_init_options(local_steps=local_steps, n_atoms=n_atoms, n_components=n_components,
-                       n_classes=n_classes, preset=preset, optimizer=optimizer, lr=lr,
-                       alpha_rule=alpha_rule, lr_alpha=lr_alpha, lr_decay=lr_decay,
-                       var_floor_rel=var_floor_rel, min_var=min_var)
+    check_init_options(preset=preset, optimizer=optimizer, alpha_rule=alpha_rule)
     if strategy not in STRATEGIES:
         raise FedalignError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     old = federation_files(output)

@@ -135,7 +135,7 @@ def _check_count(value, name: str) -> int:
     """``value`` as an int ≥ 1 (a bool, a float or a string is refused by name)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value < 1:
-        raise FedalignError(f"{name} must be an integer ≥ 1, got {value!r}")
+        raise FedalignError(f"{name} must be an integer ≥ 1, got {value!r}", param=name)
     return int(value)
 
 

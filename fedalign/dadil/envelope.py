@@ -224,7 +224,7 @@ def envelope_study(atoms, target_gmms: dict, X_test, y_test, *, classifiers=CLAS
     if int(n_steps) < 1:
         raise FedalignError(f"n_steps must be ≥ 1, got {n_steps}")
     if int(n_per_class) < 1:
-        raise FedalignError(f"n_per_class must be ≥ 1, got {n_per_class}")
+        raise FedalignError(f"n_per_class must be ≥ 1, got {n_per_class}", param="n_per_class")
     missing = dict(missing or {})
     unknown = set(missing) - set(target_gmms)
     if unknown:

@@ -297,7 +297,7 @@ def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation
     """
     state_path, atoms_path = Path(state_path), Path(atoms_path)
     if int(local_steps) < 0:
-        raise FedalignError(f"local_steps must be ≥ 0, got {local_steps}")
+        raise FedalignError(f"local_steps must be ≥ 0, got {local_steps}", param="local_steps")
     if not state_path.is_file():
         load_state(state_path)  # the reader's message (no such file, not a file)
     check_outputs(list(peer_paths) + [state_path, gmm_path], [atoms_path, state_path],

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import project_simplex
 from fedalign.dadil.barycenter import softmax
 from fedalign.dadil.gradients import alpha_model
@@ -79,14 +80,7 @@ class Optim:
 #: client's own data. ``reference``: the GMM-DaDiL reference code's optimiser (Adam lr 0.1 on
 #: every parameter, α projected onto the simplex after each Adam step, min_var 0.05), with
 #: atoms started at N(0, I), variance 1.
-PRESETS = {
-    "fedalign": dict(optimizer="gd", lr=0.2, alpha_rule="newton", lr_alpha=0.25,
-                     var_floor_rel=1e-2, min_var=None, init="data", target_atoms=False,
-                     lr_decay=0.02),
-    "reference": dict(optimizer="adam", lr=0.1, alpha_rule="projected", lr_alpha=0.1,
-                      var_floor_rel=None, min_var=0.05, init="normal", target_atoms=True,
-                      lr_decay=0.0),
-}
+PRESETS = defaults.DADIL_PRESETS  # (there: the CLI's help quotes them without numpy)
 
 
 # --------------------------------------------------------------------------------------------

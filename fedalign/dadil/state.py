@@ -39,7 +39,7 @@ from fedalign.dadil.barycenter import atoms_barycenter, check_simplex
 from fedalign.dadil.optim import PRESETS, Optim
 from fedalign.dadil.rng import (check_rng_words, client_init_seed, client_rng,  # noqa: F401
                                 rng_from_array, rng_to_array)
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 from fedalign.files import read_npz, write_npz
 from fedalign.gmm import floor_from_variance
 
@@ -258,9 +258,11 @@ def gmm_n_classes(gmm, n_classes: int | None = None) -> int:
     """C of a client's GMM: its labels, its class names, its fit record, else ``n_classes``."""
     C = gmm.n_classes if gmm.n_classes is not None else gmm.meta.get("n_classes", n_classes)
     if C is None:
-        raise FedalignError("the GMM has neither labels nor class names: give n_classes")
+        raise FedalignError("the GMM has neither labels nor class names: give "
+                            f"{spell('n_classes')}")
     if n_classes is not None and int(n_classes) != C:
-        raise FedalignError(f"n_classes {n_classes} disagrees with the GMM's {C} classes")
+        raise FedalignError(f"n_classes {n_classes} disagrees with the GMM's {C} classes",
+                            param="n_classes")
     return int(C)
 
 
@@ -301,9 +303,11 @@ def client_settings(preset: str = "fedalign", **overrides) -> dict:
     explicit values (not None) taking precedence. Keys: optimizer, lr, alpha_rule, lr_alpha,
     var_floor_rel (variance floor relative to the client's per-dimension data variance) or
     min_var (absolute floor), init ("data" | "normal"), target_atoms, lr_decay (the atoms'
-    step in round t is lr / (1 + lr_decay · t), see :func:`optim_for`)."""
+    step in round t is lr / (1 + lr_decay · t), see :func:`optim_for`). The steps and floors
+    given must be > 0, lr_decay ≥ 0 (checked here, before a state is written)."""
     if preset not in PRESETS:
-        raise FedalignError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+        raise FedalignError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}",
+                            param="preset")
     out = dict(PRESETS[preset], preset=preset)
     for k, v in overrides.items():
         if k not in out:
@@ -316,11 +320,11 @@ def client_settings(preset: str = "fedalign", **overrides) -> dict:
         out["min_var"] = None
     if out["init"] not in ("data", "normal"):
         raise FedalignError(f"init must be 'data' or 'normal', got {out['init']!r}")
-    for k in ("var_floor_rel", "min_var"):
+    for k in ("lr", "lr_alpha", "var_floor_rel", "min_var"):
         if out[k] is not None and not (np.isfinite(out[k]) and out[k] > 0):
-            raise FedalignError(f"{k} must be > 0, got {out[k]}")
+            raise FedalignError(f"{k} must be > 0, got {out[k]}", param=k)
     if not (np.isfinite(out["lr_decay"]) and out["lr_decay"] >= 0):
-        raise FedalignError(f"lr_decay must be ≥ 0, got {out['lr_decay']}")
+        raise FedalignError(f"lr_decay must be ≥ 0, got {out['lr_decay']}", param="lr_decay")
     return out
 
 
@@ -366,12 +370,13 @@ def init_client(client: str, gmm, *, n_atoms: int = 3, seed: int = 0,
     """
     check_client_id(client)
     if int(n_atoms) < 1:
-        raise FedalignError(f"the number of atoms must be ≥ 1, got {n_atoms}")
+        raise FedalignError(f"the number of atoms must be ≥ 1, got {n_atoms}", param="n_atoms")
     settings = client_settings(preset, **overrides)
     C = gmm_n_classes(gmm, n_classes)
     K = int(n_components) if n_components is not None else gmm.K
     if K < 1:
-        raise FedalignError(f"the number of components must be ≥ 1, got {K}")
+        raise FedalignError(f"the number of components must be ≥ 1, got {K}",
+                            param="n_components")
     mu, var = data_moments(gmm)
     if settings["var_floor_rel"] is not None:
         floor = floor_from_variance(var, settings["var_floor_rel"])

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 from fedalign.extract.decoding import ImageDataset, collate, decode_image
 from fedalign.extract.device import (autocast_context, default_batch_size, default_workers,
                                      resolve_device, retain_freed_memory, set_determinism)
@@ -243,7 +243,7 @@ def extract_features(
     bs = int(batch_size) or default_batch_size(dev)
     if not 1 <= bs <= MAX_BATCH:
         raise FedalignError(f"batch_size must be between 1 and {MAX_BATCH:,} (or 0: the "
-                            f"device's default), got {batch_size}")
+                            f"device's default), got {batch_size}", param="batch_size")
     nw = default_workers(dev) if workers < 0 else int(workers)
     if encoder is None:
         encoder = load_encoder(model, weights, seed=seed, image_size=image_size, device=dev,
@@ -349,7 +349,7 @@ def _run_batches(enc, transform, images, part, start, bs, dev, precision, nw, sk
                 i = min(errors)
                 raise FedalignError(
                     f"cannot read image {images.paths[i]} ({errors[i]}); "
-                    "fix or remove it, or use skip_bad=True to leave bad images out"
+                    f"fix or remove it, or use {spell('skip_bad', True)} to leave bad images out"
                 )
             good = [i for i in idx if i not in errors]
             y, event = None, None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, spell
 from fedalign.files import MAX_CLASSES
 
 IMAGE_EXTENSIONS = frozenset(
@@ -114,12 +114,12 @@ def _list_folder(folder: Path, unlabeled: bool) -> ImageList:
     if not classes:
         raise FedalignError(
             f"{folder} has no class sub-folders (ImageFolder layout); "
-            "use unlabeled=True for a folder of unlabeled images"
+            f"use {spell('unlabeled', True)} for a folder of unlabeled images"
         )
     if loose:
         raise FedalignError(
             f"{folder} mixes class sub-folders with loose images (e.g. {loose[0]}); "
-            "use unlabeled=True or move them into a class folder"
+            f"use {spell('unlabeled', True)} or move them into a class folder"
         )
     paths, labels = [], []
     for c, name in enumerate(classes):
@@ -168,7 +168,8 @@ def read_list_file(path, unlabeled: bool = False, root=None) -> ImageList:
         if all(_is_int(v) for v in raw):
             values = [int(v) for v in raw]
             if min(values) < 0:
-                raise FedalignError(f"{path}: negative label {min(values)} (use unlabeled=True)")
+                raise FedalignError(f"{path}: negative label {min(values)} (use "
+                                    f"{spell('unlabeled', True)})")
             if max(values) >= MAX_CLASSES:
                 raise FedalignError(f"{path}: label {max(values)} is beyond the {MAX_CLASSES:,} "
                                     "classes a features file may have: integer labels are "
