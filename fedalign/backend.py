@@ -45,6 +45,21 @@ class NumpyBackend:
     sqrt = staticmethod(np.sqrt)
     maximum = staticmethod(np.maximum)
 
+    def add_augmented_gram(self, acc, X, shift, buf=None):
+        """``(acc + Σ b bᵀ, buf)`` over the rows b = [x − shift, 1, ‖x − shift‖²] of X (m, d):
+        BLAS ``syrk`` in place on the upper triangle of the Fortran-ordered (d+2, d+2) float64
+        ``acc``; ``buf`` is the reusable (≥ m, d+2) work array (allocated when too small)."""
+        from scipy.linalg.blas import dsyrk
+
+        m, d = X.shape
+        if buf is None or len(buf) < m:
+            buf = np.empty((m, d + 2))
+        B = buf[:m]
+        np.subtract(X, shift, out=B[:, :d], dtype=np.float64)
+        B[:, d] = 1.0
+        np.einsum("ij,ij->i", B[:, :d], B[:, :d], out=B[:, d + 1])
+        return dsyrk(1.0, B.T, beta=1.0, c=acc, trans=0, lower=0, overwrite_c=1), buf
+
     def record(self) -> dict:
         """What provenance records about the computation (nothing: the default path)."""
         return {}
@@ -99,6 +114,22 @@ class TorchBackend:
 
     def eigvalsh(self, S):
         return self.torch.linalg.eigvalsh(S)
+
+    def add_augmented_gram(self, acc, X, shift, buf=None):
+        """``(acc + Σ b bᵀ, None)`` for the rows b = [x − shift, 1, ‖x − shift‖²] of X, float64
+        on the device (the float32 rows travel, pinned, and are widened there). ``acc`` is the
+        (d+2, d+2) numpy start (first block) or the running device tensor; the full product is
+        kept (readers take its upper triangle, as they do BLAS ``syrk``'s)."""
+        t = self.torch
+        if not isinstance(acc, t.Tensor):
+            acc = self.asarray(acc)
+        Y = self.asarray(X, np.float32 if X.dtype == np.float32 else np.float64).to(t.float64)
+        Y -= self.asarray(shift)
+        B = t.empty((Y.shape[0], Y.shape[1] + 2), dtype=t.float64, device=Y.device)
+        B[:, :-2] = Y
+        B[:, -2] = 1.0
+        B[:, -1] = (Y * Y).sum(1)
+        return acc.addmm_(B.mT, B), None
 
     def cholesky(self, S):
         """Lower Cholesky factor, or None when S is not numerically positive definite."""

@@ -134,21 +134,14 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
         """
         from fedalign.align import Reference, client_map, load_reference, make_reference
         from fedalign.gaussian import check_tau
-        from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
+        from fedalign.stats import gaussian_stats
 
         X, sd = _check_domains(X, sample_domain)
         with _value_errors():
             check_tau(self.tau)
-            stats = []
             domains = np.unique(sd)
-            for dom in domains:
-                m = Moments(X.shape[1]).update(X[sd == dom]).finalize()
-                if m.n < 2:
-                    raise FedalignError(f"domain {dom}: need at least 2 rows to estimate a "
-                                        f"covariance, got {m.n}")
-                C, s = shrunk_covariance(m, self.shrinkage)
-                check_definite(C, m, s, f"domain {dom}")
-                stats.append(GaussianStats(m.n, m.mean, C, s, m))
+            stats = [gaussian_stats(X[sd == dom], self.shrinkage, f"domain {dom}")
+                     for dom in domains]
             if self.reference is None:
                 ref = make_reference(stats, weights=self.weights, tol=self.tol,
                                      max_iter=self.max_iter)

@@ -60,6 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedalign.errors import FedalignError
+# a client's Gaussian proxy from its rows, re-exported (its home: fedalign.stats)
+from fedalign.stats import gaussian_stats
 
 #: Labels of the default heads, in table order.
 DEFAULT_HEADS = ("ofedavg", "ofedavg:reference", "fedcgs", "fedcgs:reference", "fedpft",
@@ -110,18 +112,6 @@ class HeadSpec:
         from fedalign.heads import get_method
 
         return get_method(self.method).config({**dict(self.params), "variant": self.variant, **extra})
-
-
-def gaussian_stats(X: np.ndarray):
-    """A client's Gaussian proxy (mean, Ledoit–Wolf covariance) from its rows X (n, d)."""
-    from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
-
-    m = Moments(X.shape[1]).update(X).finalize()
-    if m.n < 2:
-        raise FedalignError(f"statistics need at least 2 rows, got {m.n}")
-    C, s = shrunk_covariance(m)
-    check_definite(C, m, s, "client statistics")
-    return GaussianStats(m.n, m.mean, C, s, m)
 
 
 def validation_split(y: np.ndarray, fraction: float, seed, min_fit: int = 3) -> tuple[np.ndarray, np.ndarray]:
