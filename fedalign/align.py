@@ -375,13 +375,12 @@ def _pipeline(chunks, At32, bt32, writer, ids, progress, workers: int = 2, bk=No
     from threadpoolctl import threadpool_limits
 
     bk = get_backend(bk)
-    if bk.is_torch:
-        At32, bt32 = bk.asarray(At32, np.float32), bk.asarray(bt32, np.float32)
+    At32, bt32 = bk.asarray(At32, np.float32), bk.asarray(bt32, np.float32)  # (numpy: as they are)
 
-    def affine(X):
+    def affine(X):  # X float32 (iter_chunks)
         with bk.guard(f"align of a {X.shape[0]} × {X.shape[1]} block",
                       8 * X.size + 4 * At32.shape[0] * At32.shape[1]):
-            Z = bk.asarray(X, np.float32) @ At32 if bk.is_torch else X @ At32
+            Z = bk.asarray(X, np.float32) @ At32
             Z += bt32
             return bk.to_numpy(Z)
 
