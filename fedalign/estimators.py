@@ -72,11 +72,11 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
 
     ``fit`` summarises every domain k of ``sample_domain`` (sources and targets alike: in
     SLOT-Align every client sends its statistics) by n_k, μ_k and
-    Σ_k = (1 − s) Σ̂_k + s (tr Σ̂_k / d) I (:func:`fedalign.stats.shrunk_covariance`; s by
+    Σ_k = (1 − s) Σ̂_k + s (tr Σ̂_k / d) I (:func:`fedalign.stats.gaussian_stats`; s by
     Ledoit–Wolf unless ``shrinkage`` says otherwise), builds the reference — the
     Bures–Wasserstein barycenter (:func:`fedalign.align.make_reference`, the fixed point of
     :func:`fedalign.gaussian.bures_barycenter`) or the given ``reference`` — and each domain's
-    OT map (:func:`fedalign.align.client_map`)
+    OT map (:func:`fedalign.align.client_maps`, the reference's root once)
 
         A_k = Σ_b^{1/2} (Σ_b^{1/2} Σ_k Σ_b^{1/2})^{-1/2} Σ_b^{1/2},   b_k = μ_b − A_k μ_k.
 
@@ -132,7 +132,7 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
         -------
         self
         """
-        from fedalign.align import Reference, client_map, load_reference, make_reference
+        from fedalign.align import Reference, client_maps, load_reference, make_reference
         from fedalign.gaussian import check_tau
         from fedalign.stats import gaussian_stats
 
@@ -149,8 +149,8 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
                 ref = self.reference
             else:
                 ref = load_reference(self.reference)
-            self.maps_ = {dom.item(): client_map(st, ref, domain=str(dom))
-                          for dom, st in zip(domains, stats)}
+            self.maps_ = dict(zip((dom.item() for dom in domains),
+                                  client_maps(stats, ref, domains=[str(dom) for dom in domains])))
         self.domains_ = domains
         self.stats_ = stats
         self.shrinkage_ = np.array([st.shrinkage for st in stats])
