@@ -229,8 +229,9 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     n_features_in_ : d
     """
 
-    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="auto",
-                 n_per_class=500, class_weights="balanced", var_floor_rel=0.01, seed=0):
+    def __init__(self, components_per_class=5, n_atoms=defaults.N_ATOMS, n_iter=100,
+                 classifier="auto", n_per_class=500, class_weights="balanced",
+                 var_floor_rel=0.01, seed=0):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms
         self.n_iter = n_iter

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import (Atoms, data_moments, init_atoms, init_atoms_from_gmms,
                                   project_simplex)
 from fedalign.dadil.gradients import check_gmm_vs_atoms, domain_loss_and_grads
@@ -268,8 +269,9 @@ def fit_alpha(atoms: Atoms, gmm: GMM, n_steps: int = 100, *, labeled: bool | Non
     return AlphaFit(alpha, loss, losses, alphas, it, converged)
 
 
-def learn_dictionary(gmms: list, target_index: int, *, n_atoms: int = 3, n_iter: int = 100,
-                     optim: Optim | None = None, seed: int = 0, n_components: int | None = None,
+def learn_dictionary(gmms: list, target_index: int, *, n_atoms: int = defaults.N_ATOMS,
+                     n_iter: int = 100, optim: Optim | None = None, seed: int = 0,
+                     n_components: int | None = None,
                      init: str = "data", atoms: Atoms | None = None,
                      var_floor_rel: float | None = 1e-2, bary_tol: float = 1e-6,
                      bary_max_iter: int = 50, callback=None):

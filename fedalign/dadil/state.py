@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import Atoms, data_moments, init_atoms
 from fedalign.dadil.barycenter import atoms_barycenter, check_simplex
 from fedalign.dadil.optim import (Optim, check_settings,  # noqa: F401 (re-exported)
@@ -279,7 +280,7 @@ def optim_for(st: "ClientState") -> Optim:
                                where=f"client {st.client}'s state")
 
 
-def init_client(client: str, gmm, *, n_atoms: int = 3, seed: int = 0,
+def init_client(client: str, gmm, *, n_atoms: int = defaults.N_ATOMS, seed: int = 0,
                 n_components: int | None = None, n_classes: int | None = None,
                 preset: str = "fedalign", shared_init: bool = False, gmm_path: str = "",
                 gmm_sha256: str = "", **overrides) -> ClientState:
