@@ -12,10 +12,13 @@ makes it fast (``benchmarks/bench_barycenter.py``):
   remaining d × d kernels below d = 1024 (threadpoolctl).
 
 The loop (:func:`_iterate`, :class:`_Anderson`, :func:`_safe_cholesky`) is written once over
-a kernel set: :class:`_NumpyKernels` (scipy BLAS, the thread pool above) or
-:class:`_TorchKernels` (the torch backend of :mod:`fedalign.backend`: the K clients as one
-batched float64 ``torch.linalg.eigh`` with the same clipping, triangular solves, on a CPU or
-a GPU).
+the adapter of :mod:`fedalign.backend` (Cholesky, triangular solves, (G L)(G L)ᵀ, norms,
+BLAS threads). The one kernel with two implementations is the root sum: :class:`_RootSum`
+(numpy: the clients in the thread pool above, scipy BLAS) and :class:`_BatchedRootSum`
+(torch: the K clients as one batched float64 ``torch.linalg.eigh`` with the same clipping,
+on a CPU or a GPU), chosen by the adapter's ``batched``: one is a pool of per-client BLAS
+calls, the other one batched call, and merging them would change the numpy path's
+arithmetic.
 
 :func:`_iterate` runs the loop; ``fedalign.gaussian`` holds the public functions and the
 mathematics (its module docstring).
@@ -23,11 +26,9 @@ mathematics (its module docstring).
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
-from fedalign.backend import get_backend
+from fedalign.backend import full_symmetric, get_backend
 from fedalign.errors import FedalignError
 from fedalign.linalg import EIG_FLOOR, ScaledIdentityPlusLowRank, eigh_clipped, sym
 
@@ -54,11 +55,6 @@ def _project(C, U):
     return C.project(U) if isinstance(C, _LowRank) else sym(U.T @ C @ U)
 
 
-def _full(U):
-    """Symmetric matrix from its upper triangle (BLAS ``syrk`` output)."""
-    return np.triu(U) + np.triu(U, 1).T
-
-
 class _RootSum:
     """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2} for a lower Cholesky factor S = L Lᵀ.
 
@@ -70,7 +66,7 @@ class _RootSum:
     (oversubscribed multithreaded LAPACK is slow on small machines).
     """
 
-    def __init__(self, covs, weights, workers):
+    def __init__(self, bk, covs, weights, workers):
         from concurrent.futures import ThreadPoolExecutor
 
         import scipy.linalg.blas  # noqa: F401  (loaded first, so that the controller sees it)
@@ -106,65 +102,26 @@ class _RootSum:
         groups = [range(i, len(self.covs), self.n_workers) for i in range(self.n_workers)]
         with self.blas.limit(limits=1, user_api="blas"):
             parts = list(self.pool.map(lambda ks: self._part(ks, L, P), groups))
-        return _full(sum(parts))
+        return full_symmetric(sum(parts))
 
     def close(self):
         self.pool.shutdown()
 
 
-def _congruence_inv(L, T):
-    """L^{-T} T L^{-1} for lower-triangular L (two triangular solves)."""
-    from scipy.linalg import solve_triangular
-
-    Y = solve_triangular(L, T, lower=True, trans="T")
-    return sym(solve_triangular(L, Y.T, lower=True, trans="T").T)
+def _congruence_inv(bk, L, T):
+    """L^{-T} T L^{-1} for lower-triangular L (two triangular solves on ``bk``)."""
+    Y = bk.solve_lower_t(L, T)
+    return sym(bk.solve_lower_t(L, Y.T).T)
 
 
-class _NumpyKernels:
-    """The loop's kernels with numpy/scipy BLAS (the reference path)."""
-
-    def __init__(self, covs, weights, workers):
-        self.d = covs[0].shape[0]
-        self.root_sum = _RootSum(covs, weights, workers)
-        self.congruence_inv = _congruence_inv
-
-    def gsg(self, L, G):
-        """G S G = (G L)(G L)ᵀ for S = L Lᵀ."""
-        from scipy.linalg.blas import dsyrk, dtrmm
-
-        return _full(dsyrk(1.0, dtrmm(1.0, L, G, side=1, lower=1)))
-
-    def cholesky(self, S):
-        from scipy.linalg import LinAlgError, cholesky
-
-        try:
-            return cholesky(S, lower=True)
-        except LinAlgError:
-            return None
-
-    def eye(self, d):
-        return np.eye(d)
-
-    def norm(self, X) -> float:
-        return float(np.linalg.norm(X))
-
-    def threads(self):
-        """One BLAS thread below d = 1024 (the root sum's pool has its own limit)."""
-        from threadpoolctl import ThreadpoolController
-
-        return ThreadpoolController().limit(limits=1 if self.d < 1024 else None, user_api="blas")
-
-    def close(self):
-        self.root_sum.close()
-
-
-class _TorchKernels:
-    """The loop's kernels on a torch backend: batched float64 eigh over the K clients."""
+class _BatchedRootSum:
+    """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2} on a torch backend: batched float64 eigh over the K
+    clients, eigenvalues clipped as in :func:`eigh_clipped`."""
 
     #: factored clients decomposed per batch of this many (K·d² would not fit a device)
     BATCH = 64
 
-    def __init__(self, bk, covs, weights):
+    def __init__(self, bk, covs, weights, workers=None):
         self.bk, self.t = bk, bk.torch
         weights = np.asarray(weights, dtype=np.float64)
         lr = [k for k, C in enumerate(covs) if isinstance(C, _LowRank)]
@@ -188,8 +145,7 @@ class _TorchKernels:
         Vs = V * self.t.sqrt(w[:, None] * self.t.sqrt(lam))[:, None, :]
         return (Vs @ Vs.mT).sum(0)
 
-    def root_sum(self, L):
-        """T = Σ_k w_k (Lᵀ Σ_k L)^{1/2}, eigenvalues clipped as in :func:`eigh_clipped`."""
+    def __call__(self, L):
         T = 0.0
         if self.covs is not None:
             T = self._roots(L.mT @ self.covs @ L, self.w)
@@ -202,29 +158,8 @@ class _TorchKernels:
                 T = T + self._roots(M, w[i:i + self.BATCH])
         return sym(T)
 
-    def congruence_inv(self, L, T):
-        Y = self.bk.solve_lower_t(L, T)
-        return sym(self.bk.solve_lower_t(L, Y.mT).mT)
-
-    def gsg(self, L, G):
-        GL = G @ L
-        return sym(GL @ GL.mT)
-
-    def cholesky(self, S):
-        return self.bk.cholesky(S)
-
-    def eye(self, d):
-        return self.bk.eye(d)
-
-    def norm(self, X) -> float:
-        return float(self.t.linalg.norm(X))
-
-    def threads(self):
-        return contextlib.nullcontext()
-
     def close(self):
         pass
-
 
 
 def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float = 0.5,
@@ -243,8 +178,6 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     (U (d, r), c (K,)) when r ≤ max_fraction · d, else None. (numpy arrays; with a torch
     ``backend`` the eigendecompositions run there.)
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     xp = get_backend(backend)
     d = covs[0].shape[0]
     if d < 64:
@@ -260,13 +193,8 @@ def _scalar_complement(covs, workers, rtol: float = 1e-10, max_fraction: float =
     # cheap screen (eigenvalues only) on one client before decomposing all of them
     if scalar_part(xp.to_numpy(xp.eigvalsh(covs[0]))).sum() < d - max_fraction * d:
         return None
-    if xp.is_torch:
-        eigs = [tuple(map(xp.to_numpy, xp.eigh(C))) for C in covs]
-    else:
-        with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
-            eigs = list(pool.map(lambda C: np.linalg.eigh(C), covs))
     bases, c = [], []
-    for w, V in eigs:
+    for w, V in xp.eigh_all(covs, workers):
         scalar = scalar_part(w)
         if scalar.sum() < d - max_fraction * d:
             return None
@@ -307,21 +235,20 @@ def _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress=None, 
     """The fixed-point loop; ``S`` and ``covs`` are arrays of ``backend`` (numpy by default)."""
     bk = get_backend(backend)
     d = S.shape[0]
-    kern = _TorchKernels(bk, covs, weights) if bk.is_torch else _NumpyKernels(covs, weights,
-                                                                             workers)
-    I = kern.eye(d)
-    mixer, history = _Anderson(anderson, kern), []
+    root_sum = (_BatchedRootSum if bk.batched else _RootSum)(bk, covs, weights, workers)
+    I = bk.eye(d)
+    mixer, history = _Anderson(anderson, bk), []
     rel, res, converged, it = np.inf, np.inf, False, 0
-    L = _safe_cholesky(S, kern)
+    L = _safe_cholesky(S, bk)
     # numpy: the root sum runs clients in parallel threads with one BLAS thread each; the
     # remaining d × d kernels gain from BLAS threads only at large d
-    with kern.threads():
+    with bk.blas_threads(1 if d < 1024 else None):
         try:
             for it in range(1, max_iter + 1):
-                G = kern.congruence_inv(L, kern.root_sum(L))
-                res = float(kern.norm(G - I) / np.sqrt(d))
-                F = kern.gsg(L, G)  # G S G = (GL)(GL)ᵀ
-                rel = float(kern.norm(F - S) / kern.norm(S))
+                G = _congruence_inv(bk, L, root_sum(L))
+                res = float(bk.norm(G - I) / np.sqrt(d))
+                F = bk.gram_lower(G, L)  # G S G = (GL)(GL)ᵀ
+                rel = float(bk.norm(F - S) / bk.norm(S))
                 history.append((rel, res))
                 if progress is not None:
                     progress(it, rel, res)
@@ -330,18 +257,19 @@ def _iterate(S, covs, weights, tol, max_iter, anderson, workers, progress=None, 
                     break
                 S, L = mixer.step(S, F)
         finally:
-            kern.close()
+            root_sum.close()
     return S, dict(iterations=it, rel_change=rel, residual=res, converged=bool(converged),
                    history=history)
 
 
-def _safe_cholesky(S, kern):
-    """Lower Cholesky factor of S, adding a growing relative ridge if S is numerically singular."""
+def _safe_cholesky(S, bk):
+    """Lower Cholesky factor of S (on the adapter ``bk``), adding a growing relative ridge if
+    S is numerically singular."""
     jitter = 0.0
     d = S.shape[0]
     scale = max(float(S.diagonal().sum()) / d, np.finfo(float).tiny)
     for _ in range(12):
-        L = kern.cholesky(S + jitter * kern.eye(d))
+        L = bk.cholesky(S + jitter * bk.eye(d))
         if L is not None:
             return L
         jitter = scale * (1e-14 if jitter == 0.0 else jitter / scale * 10)
@@ -356,12 +284,12 @@ class _Anderson:
     and returns S + g − Σ γ_i (ΔX_i + ΔG_i).
     """
 
-    def __init__(self, memory, kern):
+    def __init__(self, memory, bk):
         from collections import deque
 
         self.dx, self.dg = deque(maxlen=memory), deque(maxlen=memory)
         self.last = None
-        self.kern = kern
+        self.bk = bk
 
     def step(self, S, F):
         """Next iterate and its lower Cholesky factor; plain F (memory cleared) if not SPD."""
@@ -378,10 +306,10 @@ class _Anderson:
             for c, ddx, ddg in zip(gamma, self.dx, self.dg):
                 v -= float(c) * (ddx + ddg)
             N = sym(v.reshape(S.shape))
-            L = self.kern.cholesky(N)
+            L = self.bk.cholesky(N)
             if L is not None:
                 return N, L
             self.dx.clear()
             self.dg.clear()
-        return F, _safe_cholesky(F, self.kern)
+        return F, _safe_cholesky(F, self.bk)
 

@@ -29,7 +29,7 @@ import numpy as np
 from fedalign import defaults
 from fedalign.backend import get_backend
 from fedalign.errors import FedalignError
-from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_map, ot_maps
+from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_maps
 
 #: Default geodesic time (the SLOT-Align reference implementation's fixed-mode default).
 DEFAULT_TAU = defaults.TAU
@@ -255,12 +255,43 @@ def client_maps(stats_list, ref: Reference, clients=None, domains=None, backend=
     for st in stats_list:
         if st.d != ref.d:
             raise FedalignError(f"dimension mismatch: client d={st.d}, reference d={ref.d}")
+    return maps_onto(stats_list, ref, [dict(scope="client", client=c, domain=dm)
+                                       for c, dm in zip(clients, domains)], backend, device)
+
+
+def maps_onto(stats_list, ref: Reference, owners, backend="numpy", device="cpu") -> list:
+    """The one builder of maps: the OT map (τ = 1) of every Gaussian proxy of ``stats_list``
+    onto ``ref`` (:func:`fedalign.gaussian.ot_maps`: Σ_b^{1/2} once, then one
+    eigendecomposition per proxy), each with the metadata of its ``owners`` entry
+    (:func:`map_meta`). :func:`client_maps`, :func:`domain_map` and
+    :class:`fedalign.federation.Federation` build their maps here.
+
+    Returns
+    -------
+    list of :class:`AffineMap` — A (d, d), b (d,), meta
+    """
     maps = ot_maps([(st.mean, st.covariance) for st in stats_list], ref.mean, ref.covariance,
                    backend, device)
-    return [AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(st.n),
-                                          scope="client", client=c, domain=dm,
-                                          stats_sha256=stats_digest(st)), st, ref))
-            for (A, b), st, c, dm in zip(maps, stats_list, clients, domains)]
+    return [AffineMap(A, b, map_meta(st, ref, owner))
+            for (A, b), st, owner in zip(maps, stats_list, owners)]
+
+
+def map_meta(stats, ref: Reference, owner: dict) -> dict:
+    """The metadata of the map of ``stats`` onto ``ref`` (what :func:`map_provenance` and
+    :mod:`fedalign.protocol` read): the reference's sha256, n, the owner — ``scope="client"``
+    with its ``client`` and ``domain``, or ``scope="domain"`` with its ``domain``, contributing
+    ``clients`` and their ``client_stats_sha256`` —, the statistics' digest
+    (:func:`stats_digest`) and, when the statistics or the reference's inputs are DP
+    releases, their records (``dp``)."""
+    domain = owner["scope"] == "domain"
+    meta = dict(reference_sha256=ref.meta.get("sha256"), n=int(stats.n), scope=owner["scope"],
+                client=owner.get("client"), domain=owner.get("domain"))
+    if domain:
+        meta["clients"] = list(owner["clients"])
+    meta["stats_sha256"] = stats_digest(stats)
+    if domain:
+        meta["client_stats_sha256"] = list(owner["client_stats_sha256"])
+    return _with_dp(meta, stats, ref)
 
 
 def _with_dp(meta: dict, stats, ref: Reference) -> dict:
@@ -289,12 +320,9 @@ def domain_map(stats_list, ref: Reference, domain: str, clients, backend="numpy"
     pooled = pool_stats(stats_list) if len(stats_list) > 1 else stats_list[0]
     if pooled.d != ref.d:
         raise FedalignError(f"dimension mismatch: domain d={pooled.d}, reference d={ref.d}")
-    A, b = ot_map(pooled.mean, pooled.covariance, ref.mean, ref.covariance, backend, device)
-    return AffineMap(A, b, _with_dp(dict(reference_sha256=ref.meta.get("sha256"), n=int(pooled.n),
-                                         scope="domain", client=None, domain=str(domain),
-                                         clients=clients, stats_sha256=stats_digest(pooled),
-                                         client_stats_sha256=[stats_digest(s) for s in stats_list]),
-                                    pooled, ref))
+    owner = dict(scope="domain", domain=str(domain), clients=clients,
+                 client_stats_sha256=[stats_digest(s) for s in stats_list])
+    return maps_onto([pooled], ref, [owner], backend, device)[0]
 
 
 def map_provenance(amap: AffineMap, reference_sha256: str | None = None) -> dict:
@@ -375,13 +403,12 @@ def _pipeline(chunks, At32, bt32, writer, ids, progress, workers: int = 2, bk=No
     from threadpoolctl import threadpool_limits
 
     bk = get_backend(bk)
-    if bk.is_torch:
-        At32, bt32 = bk.asarray(At32, np.float32), bk.asarray(bt32, np.float32)
+    At32, bt32 = bk.asarray(At32, np.float32), bk.asarray(bt32, np.float32)  # (numpy: as they are)
 
-    def affine(X):
+    def affine(X):  # X float32 (iter_chunks)
         with bk.guard(f"align of a {X.shape[0]} × {X.shape[1]} block",
                       8 * X.size + 4 * At32.shape[0] * At32.shape[1]):
-            Z = bk.asarray(X, np.float32) @ At32 if bk.is_torch else X @ At32
+            Z = bk.asarray(X, np.float32) @ At32
             Z += bt32
             return bk.to_numpy(Z)
 

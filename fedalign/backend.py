@@ -1,10 +1,13 @@
 """Where the Gaussian core computes: numpy on the CPU (default) or torch on a CPU or a GPU.
 
 The algorithms of :mod:`fedalign.stats`, :mod:`fedalign.gaussian` and :mod:`fedalign.align`
-are written once; the few kernels that differ between array libraries (eigendecomposition,
-Cholesky factor, triangular solves, the streaming ``syrk``, moving arrays to and from the
-device) are the methods of a small adapter, :class:`NumpyBackend` or :class:`TorchBackend`,
-chosen by :func:`get_backend`. Precision follows the numpy path: float64 for moments and
+are written once; the few kernels that differ between array libraries (eigendecompositions,
+one or many; Cholesky factor, triangular solves, (G L)(G L)ᵀ, norms; the streaming ``syrk``
+of :class:`fedalign.stats.Moments`; BLAS thread limits; moving arrays to and from the
+device) are the methods of one small adapter, :class:`NumpyBackend` or :class:`TorchBackend`,
+chosen by :func:`get_backend`, so the algorithms call them without asking which it is (the
+barycenter's root sum alone has one implementation per adapter, chosen by ``batched``:
+:mod:`fedalign._bures_fixed_point`). Precision follows the numpy path: float64 for moments and
 matrix functions (``torch.linalg.eigh`` with the same relative eigenvalue clipping as
 :func:`fedalign.linalg.eigh_clipped`), float32 for the products that are float32 there
 (applying a map to features).
@@ -33,6 +36,9 @@ class NumpyBackend:
     name = "numpy"
     device = "cpu"
     is_torch = False
+    #: whether many clients' matrix functions run as one batched call (else one per client,
+    #: in a thread pool): the one choice :mod:`fedalign._bures_fixed_point` makes by adapter
+    batched = False
 
     def asarray(self, x, dtype=np.float64):
         return np.asarray(x, dtype=dtype)
@@ -44,6 +50,61 @@ class NumpyBackend:
     eigvalsh = staticmethod(np.linalg.eigvalsh)
     sqrt = staticmethod(np.sqrt)
     maximum = staticmethod(np.maximum)
+
+    def add_augmented_gram(self, acc, X, shift, buf=None):
+        """``(acc + Σ b bᵀ, buf)`` over the rows b = [x − shift, 1, ‖x − shift‖²] of X (m, d):
+        BLAS ``syrk`` in place on the upper triangle of the Fortran-ordered (d+2, d+2) float64
+        ``acc``; ``buf`` is the reusable (≥ m, d+2) work array (allocated when too small)."""
+        from scipy.linalg.blas import dsyrk
+
+        m, d = X.shape
+        if buf is None or len(buf) < m:
+            buf = np.empty((m, d + 2))
+        B = buf[:m]
+        np.subtract(X, shift, out=B[:, :d], dtype=np.float64)
+        B[:, d] = 1.0
+        np.einsum("ij,ij->i", B[:, :d], B[:, :d], out=B[:, d + 1])
+        return dsyrk(1.0, B.T, beta=1.0, c=acc, trans=0, lower=0, overwrite_c=1), buf
+
+    def eye(self, d: int):
+        return np.eye(d)
+
+    def norm(self, X) -> float:
+        return float(np.linalg.norm(X))
+
+    def cholesky(self, S):
+        """Lower Cholesky factor, or None when S is not numerically positive definite."""
+        from scipy.linalg import LinAlgError, cholesky
+
+        try:
+            return cholesky(S, lower=True)
+        except LinAlgError:
+            return None
+
+    def solve_lower_t(self, L, B):
+        """L^{-T} B for lower-triangular L."""
+        from scipy.linalg import solve_triangular
+
+        return solve_triangular(L, B, lower=True, trans="T")
+
+    def gram_lower(self, G, L):
+        """(G L)(G L)ᵀ, symmetric, for lower-triangular L: BLAS ``trmm`` and ``syrk``."""
+        from scipy.linalg.blas import dsyrk, dtrmm
+
+        return full_symmetric(dsyrk(1.0, dtrmm(1.0, L, G, side=1, lower=1)))
+
+    def eigh_all(self, covs, workers: int = 1) -> list:
+        """``eigh`` of every symmetric matrix of ``covs``, in a pool of ``workers`` threads."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, min(workers, len(covs)))) as pool:
+            return list(pool.map(lambda C: np.linalg.eigh(C), covs))
+
+    def blas_threads(self, limits):
+        """A context with at most ``limits`` BLAS threads (None: no limit; threadpoolctl)."""
+        from threadpoolctl import ThreadpoolController
+
+        return ThreadpoolController().limit(limits=limits, user_api="blas")
 
     def record(self) -> dict:
         """What provenance records about the computation (nothing: the default path)."""
@@ -59,6 +120,7 @@ class TorchBackend:
 
     name = "torch"
     is_torch = True
+    batched = True
 
     def __init__(self, device: str):
         import torch
@@ -100,6 +162,22 @@ class TorchBackend:
     def eigvalsh(self, S):
         return self.torch.linalg.eigvalsh(S)
 
+    def add_augmented_gram(self, acc, X, shift, buf=None):
+        """``(acc + Σ b bᵀ, None)`` for the rows b = [x − shift, 1, ‖x − shift‖²] of X, float64
+        on the device (the float32 rows travel, pinned, and are widened there). ``acc`` is the
+        (d+2, d+2) numpy start (first block) or the running device tensor; the full product is
+        kept (readers take its upper triangle, as they do BLAS ``syrk``'s)."""
+        t = self.torch
+        if not isinstance(acc, t.Tensor):
+            acc = self.asarray(acc)
+        Y = self.asarray(X, np.float32 if X.dtype == np.float32 else np.float64).to(t.float64)
+        Y -= self.asarray(shift)
+        B = t.empty((Y.shape[0], Y.shape[1] + 2), dtype=t.float64, device=Y.device)
+        B[:, :-2] = Y
+        B[:, -2] = 1.0
+        B[:, -1] = (Y * Y).sum(1)
+        return acc.addmm_(B.mT, B), None
+
     def cholesky(self, S):
         """Lower Cholesky factor, or None when S is not numerically positive definite."""
         L, info = self.torch.linalg.cholesky_ex(S)
@@ -108,6 +186,24 @@ class TorchBackend:
     def solve_lower_t(self, L, B):
         """L^{-T} B for lower-triangular L."""
         return self.torch.linalg.solve_triangular(L.mT, B, upper=True)
+
+    def norm(self, X) -> float:
+        return float(self.torch.linalg.norm(X))
+
+    def gram_lower(self, G, L):
+        """(G L)(G L)ᵀ, symmetric (two products)."""
+        GL = G @ L
+        P = GL @ GL.mT
+        return 0.5 * (P + P.T)
+
+    def eigh_all(self, covs, workers: int = 1) -> list:
+        """``eigh`` of every matrix of ``covs`` on the device, one after another, as numpy
+        (w, V) pairs."""
+        return [tuple(map(self.to_numpy, self.eigh(C))) for C in covs]
+
+    def blas_threads(self, limits):
+        """No BLAS limit: torch runs its own kernels."""
+        return contextlib.nullcontext()
 
     def record(self) -> dict:
         """Provenance: the backend and the device used (with the GPU's name)."""
@@ -182,6 +278,11 @@ def get_backend(backend: str = "numpy", device: str = "cpu"):
             raise FedalignError(f"device {device}: only {torch.cuda.device_count()} CUDA "
                                 "device(s) present")
     return TorchBackend(device)
+
+
+def full_symmetric(U: np.ndarray) -> np.ndarray:
+    """The symmetric matrix of an upper triangle ``U`` (BLAS ``syrk`` output)."""
+    return np.triu(U) + np.triu(U, 1).T
 
 
 def array_bytes(*shapes, itemsize: int = 8) -> int:

@@ -72,11 +72,11 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
 
     ``fit`` summarises every domain k of ``sample_domain`` (sources and targets alike: in
     SLOT-Align every client sends its statistics) by n_k, μ_k and
-    Σ_k = (1 − s) Σ̂_k + s (tr Σ̂_k / d) I (:func:`fedalign.stats.shrunk_covariance`; s by
+    Σ_k = (1 − s) Σ̂_k + s (tr Σ̂_k / d) I (:func:`fedalign.stats.gaussian_stats`; s by
     Ledoit–Wolf unless ``shrinkage`` says otherwise), builds the reference — the
     Bures–Wasserstein barycenter (:func:`fedalign.align.make_reference`, the fixed point of
     :func:`fedalign.gaussian.bures_barycenter`) or the given ``reference`` — and each domain's
-    OT map (:func:`fedalign.align.client_map`)
+    OT map (:func:`fedalign.align.client_maps`, the reference's root once)
 
         A_k = Σ_b^{1/2} (Σ_b^{1/2} Σ_k Σ_b^{1/2})^{-1/2} Σ_b^{1/2},   b_k = μ_b − A_k μ_k.
 
@@ -132,23 +132,16 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
         -------
         self
         """
-        from fedalign.align import Reference, client_map, load_reference, make_reference
+        from fedalign.align import Reference, client_maps, load_reference, make_reference
         from fedalign.gaussian import check_tau
-        from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
+        from fedalign.stats import gaussian_stats
 
         X, sd = _check_domains(X, sample_domain)
         with _value_errors():
             check_tau(self.tau)
-            stats = []
             domains = np.unique(sd)
-            for dom in domains:
-                m = Moments(X.shape[1]).update(X[sd == dom]).finalize()
-                if m.n < 2:
-                    raise FedalignError(f"domain {dom}: need at least 2 rows to estimate a "
-                                        f"covariance, got {m.n}")
-                C, s = shrunk_covariance(m, self.shrinkage)
-                check_definite(C, m, s, f"domain {dom}")
-                stats.append(GaussianStats(m.n, m.mean, C, s, m))
+            stats = [gaussian_stats(X[sd == dom], self.shrinkage, f"domain {dom}")
+                     for dom in domains]
             if self.reference is None:
                 ref = make_reference(stats, weights=self.weights, tol=self.tol,
                                      max_iter=self.max_iter)
@@ -156,8 +149,8 @@ class SLOTAlign(TransformerMixin, BaseEstimator):
                 ref = self.reference
             else:
                 ref = load_reference(self.reference)
-            self.maps_ = {dom.item(): client_map(st, ref, domain=str(dom))
-                          for dom, st in zip(domains, stats)}
+            self.maps_ = dict(zip((dom.item() for dom in domains),
+                                  client_maps(stats, ref, domains=[str(dom) for dom in domains])))
         self.domains_ = domains
         self.stats_ = stats
         self.shrinkage_ = np.array([st.shrinkage for st in stats])
@@ -236,8 +229,9 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     n_features_in_ : d
     """
 
-    def __init__(self, components_per_class=5, n_atoms=3, n_iter=100, classifier="auto",
-                 n_per_class=500, class_weights="balanced", var_floor_rel=0.01, seed=0):
+    def __init__(self, components_per_class=5, n_atoms=defaults.N_ATOMS, n_iter=100,
+                 classifier="auto", n_per_class=500, class_weights="balanced",
+                 var_floor_rel=0.01, seed=0):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms
         self.n_iter = n_iter

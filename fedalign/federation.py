@@ -60,6 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedalign.errors import FedalignError
+# a client's Gaussian proxy from its rows, re-exported (its home: fedalign.stats)
+from fedalign.stats import gaussian_stats
 
 #: Labels of the default heads, in table order.
 DEFAULT_HEADS = ("ofedavg", "ofedavg:reference", "fedcgs", "fedcgs:reference", "fedpft",
@@ -112,18 +114,6 @@ class HeadSpec:
         return get_method(self.method).config({**dict(self.params), "variant": self.variant, **extra})
 
 
-def gaussian_stats(X: np.ndarray):
-    """A client's Gaussian proxy (mean, Ledoit–Wolf covariance) from its rows X (n, d)."""
-    from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
-
-    m = Moments(X.shape[1]).update(X).finalize()
-    if m.n < 2:
-        raise FedalignError(f"statistics need at least 2 rows, got {m.n}")
-    C, s = shrunk_covariance(m)
-    check_definite(C, m, s, "client statistics")
-    return GaussianStats(m.n, m.mean, C, s, m)
-
-
 def validation_split(y: np.ndarray, fraction: float, seed, min_fit: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """Stratified hold-out of a client's rows: (fit_idx, val_idx), per class round(f · n_c);
     nothing is held out when fewer than ``min_fit`` rows would remain."""
@@ -146,8 +136,7 @@ class Federation:
 
     def __init__(self, clients: dict, tol: float = 1e-6, dp: FederationDP | None = None,
                  seed: int = 0):
-        from fedalign.align import make_reference
-        from fedalign.linalg import sqrt_and_inv_sqrt
+        from fedalign.align import make_reference, maps_onto, stats_digest
         from fedalign.pooling import pool_stats
 
         self.clients, self.dp = clients, dp
@@ -155,7 +144,6 @@ class Federation:
             self.stats = {n: gaussian_stats(X) for n, (_, X, _) in clients.items()}
             map_stats = self.stats
         else:
-            from fedalign.align import stats_digest
             from fedalign.dp import noise_rng, reference_inputs, release_stats
 
             sp = dp.spec.share(dp.stats_share)
@@ -168,38 +156,23 @@ class Federation:
             self.reference.meta["dp_inputs"] = reference_inputs(
                 [dict(client=n, domain=dom, dp=self.stats[n].dp) for n, (dom, _, _) in clients.items()],
                 [stats_digest(st) for st in self.stats.values()])
-        self._root = sqrt_and_inv_sqrt(self.reference.covariance)[0]  # Σ_b^{1/2}, once
-        self.maps = {n: self._map(map_stats[n], dict(scope="client", client=n, domain=dom))
-                     for n, (dom, _, _) in clients.items()}
-        self.domain_maps = {}
-        for dom in dict.fromkeys(d for d, _, _ in clients.values()):
-            names = [n for n, (d, _, _) in clients.items() if d == dom]
-            if len(names) == 1:
-                self.domain_maps[dom] = self.maps[names[0]]
-                continue
-            sts = [map_stats[n] for n in names]
-            self.domain_maps[dom] = self._map(pool_stats(sts), dict(
-                scope="domain", client=None, domain=dom, clients=names,
-                client_stats_sha256=[self.maps[n].meta["stats_sha256"] for n in names]))
-
-    def _map(self, st, owner: dict):
-        """:func:`fedalign.align.client_map` / :func:`~fedalign.align.domain_map` (same formula
-        as :func:`fedalign.gaussian.ot_map`, same metadata) with Σ_b^{1/2} computed once:
-        A = Σ_b^{1/2} (Σ_b^{1/2} Σ Σ_b^{1/2})^{-1/2} Σ_b^{1/2}, b = μ_b − A μ."""
-        from fedalign.align import AffineMap, stats_digest
-        from fedalign.linalg import eigh_clipped, sym
-
-        R, ref = self._root, self.reference
-        w, V = eigh_clipped(R @ st.covariance @ R)
-        A = sym(R @ ((V / np.sqrt(w)) @ V.T) @ R)
-        b = ref.mean - A @ st.mean
-        meta = dict(reference_sha256=ref.meta.get("sha256"), n=int(st.n), **owner,
-                    stats_sha256=stats_digest(st))
-        if self.dp is not None:
-            from fedalign.dp import map_record
-
-            meta["dp"] = map_record(st.dp, ref.meta)
-        return AffineMap(A, b, meta)
+        # every client's map and every domain's map of several clients (its clients' pooled
+        # statistics, as fedalign.align.domain_map), one builder, the reference's root once
+        members = {}
+        for n, (dom, _, _) in clients.items():
+            members.setdefault(dom, []).append(n)
+        pooled = {dom: pool_stats([map_stats[n] for n in names])
+                  for dom, names in members.items() if len(names) > 1}
+        owners = [dict(scope="client", client=n, domain=dom) for n, (dom, _, _) in clients.items()]
+        owners += [dict(scope="domain", domain=dom, clients=members[dom],
+                        client_stats_sha256=[stats_digest(map_stats[n]) for n in members[dom]])
+                   for dom in pooled]
+        maps = maps_onto([map_stats[n] for n in clients] + list(pooled.values()),
+                         self.reference, owners)
+        self.maps = dict(zip(clients, maps))
+        pooled_maps = dict(zip(pooled, maps[len(clients):]))
+        self.domain_maps = {dom: pooled_maps[dom] if dom in pooled else self.maps[names[0]]
+                            for dom, names in members.items()}
 
     @staticmethod
     def move(X: np.ndarray, amap, tau: float) -> np.ndarray:

@@ -313,9 +313,8 @@ def _solve(covs, weights, tol, max_iter, init, anderson, workers, reduce, progre
     n_dense = sum(not isinstance(C, ScaledIdentityPlusLowRank) for C in covs)
     with xp.guard(f"the barycenter (K={K}, d={d})",
                   array_bytes(*[(min(K, n_dense + 64) + 8, d, d)] * 2)):
-        if xp.is_torch:
-            covs = [C if isinstance(C, ScaledIdentityPlusLowRank) else xp.asarray(C)
-                    for C in covs]
+        covs = [C if isinstance(C, ScaledIdentityPlusLowRank) else xp.asarray(C)
+                for C in covs]  # (numpy: the float64 arrays themselves)
         split = _scalar_complement(covs, workers, backend=xp) if reduce and init is None else None
         if split is not None:
             U, c = split

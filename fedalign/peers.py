@@ -140,14 +140,9 @@ def check_rows(rows) -> tuple:
 
 def _rows_stats(X, where: str):
     """n, mean and Ledoit–Wolf covariance of the rows X (n, d) (:mod:`fedalign.stats`)."""
-    from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
+    from fedalign.stats import gaussian_stats
 
-    m = Moments(X.shape[1]).update(np.asarray(X, np.float64)).finalize()
-    if m.n < 2:
-        raise FedalignError(f"{where}: need at least 2 rows to estimate a covariance, got {m.n}")
-    C, s = shrunk_covariance(m, "auto")
-    check_definite(C, m, s, where)
-    return GaussianStats(m.n, m.mean, C, s, m)
+    return gaussian_stats(np.asarray(X, np.float64), "auto", where)
 
 
 def _mapped(X, amap, tau: float) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedalign.errors import FedalignError
-from fedalign.stats import GaussianStats, Moments, check_definite, shrunk_covariance
+from fedalign.stats import GaussianStats, Moments, gaussian_from_moments
 
 
 def recentre(m: Moments, shift: np.ndarray) -> Moments:
@@ -75,9 +75,4 @@ def pool_stats(stats_list, shrinkage="auto") -> GaussianStats:
 
         return pool_released(stats_list, shrinkage)
     m = pool_moments([st.moments for st in stats_list])
-    if m.n < 2:
-        raise FedalignError(f"pooled statistics need at least 2 rows, got {m.n}")
-    C, s = shrunk_covariance(m, shrinkage)
-    check_definite(C, m, s, "pooled statistics")
-    names = stats_list[0].class_names
-    return GaussianStats(m.n, m.mean, C, s, m, list(names))
+    return gaussian_from_moments(m, shrinkage, "pooled statistics", stats_list[0].class_names)

@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg.blas import dsyrk
 
 from fedalign.backend import array_bytes, get_backend
 from fedalign.defaults import CHUNK_ROWS
@@ -99,17 +98,8 @@ class Moments:
             self.shift = X.mean(axis=0, dtype=np.float64)
         m, d = X.shape
         bk = get_backend(self.backend)
-        if bk.is_torch:
-            with bk.guard(f"stats of a {m} × {d} block", array_bytes((m, d + 2), (d + 2, d + 2))):
-                self._acc = _torch_update(bk, self._acc, X, self.shift)
-        else:
-            if self._buf is None or len(self._buf) < m:
-                self._buf = np.empty((m, d + 2))
-            B = self._buf[:m]
-            np.subtract(X, self.shift, out=B[:, :d], dtype=np.float64)
-            B[:, d] = 1.0
-            np.einsum("ij,ij->i", B[:, :d], B[:, :d], out=B[:, d + 1])
-            self._acc = dsyrk(1.0, B.T, beta=1.0, c=self._acc, trans=0, lower=0, overwrite_c=1)
+        with bk.guard(f"stats of a {m} × {d} block", array_bytes((m, d + 2), (d + 2, d + 2))):
+            self._acc, self._buf = bk.add_augmented_gram(self._acc, X, self.shift, self._buf)
         self.n += m
         if self.class_counts is not None and labels is not None:
             labels = np.asarray(labels)
@@ -198,23 +188,6 @@ class Moments:
             out.class_counts = self.class_counts + other.class_counts
             out.class_sums = self.class_sums + other.class_sums
         return out
-
-
-def _torch_update(bk, acc, X, shift):
-    """acc + Σ b bᵀ for the rows b = [x − shift, 1, ‖x − shift‖²] of X, float64 on bk's device
-    (the float32 rows travel, pinned, and are widened there). ``acc`` is the (d+2, d+2) numpy
-    start (first block) or the running device tensor; the full product is kept (finalize()
-    reads its upper triangle, as it does BLAS ``syrk``'s)."""
-    t = bk.torch
-    if not isinstance(acc, t.Tensor):
-        acc = bk.asarray(acc)
-    Y = bk.asarray(X, np.float32 if X.dtype == np.float32 else np.float64).to(t.float64)
-    Y -= bk.asarray(shift)
-    B = t.empty((Y.shape[0], Y.shape[1] + 2), dtype=t.float64, device=Y.device)
-    B[:, :-2] = Y
-    B[:, -2] = 1.0
-    B[:, -1] = (Y * Y).sum(1)
-    return acc.addmm_(B.mT, B)
 
 
 def ledoit_wolf_shrinkage(m: Moments) -> float:
@@ -323,7 +296,7 @@ def moments_of_file(path, per_class: bool = False, chunk_rows: int = CHUNK_ROWS,
                 raise FedalignError(f"{path}: per-class statistics need labeled rows; all "
                                     f"{ff.n} rows are unlabeled (label -1)")
             C = max(len(names), int(labels.max()) + 1)
-        m = Moments(ff.d, n_classes=C, backend=None if not bk.is_torch else bk)
+        m = Moments(ff.d, n_classes=C, backend=bk)
         for _, X, y in ff.iter_chunks(chunk_rows, with_labels=True):
             m.update(X, y)
             if progress is not None:
@@ -338,11 +311,41 @@ def compute_stats(path, shrinkage="auto", per_class: bool = False, chunk_rows: i
     ``backend``, ``device``: where the streaming product runs (:func:`moments_of_file`).
     """
     m, names = moments_of_file(path, per_class, chunk_rows, progress, backend, device)
-    if m.n < 2:
+    if m.n < 2:  # the file's own words (the command line's error), before the shared rule
         raise FedalignError(f"{path}: need at least 2 samples to estimate a covariance, got {m.n}")
+    return gaussian_from_moments(m, shrinkage, path, names)
+
+
+def gaussian_from_moments(m: Moments, shrinkage="auto", source="statistics",
+                          class_names=()) -> GaussianStats:
+    """The Gaussian proxy of moment sums: μ = shift + Σy/n and Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I,
+    Σ̂ = Σyyᵀ/n − c cᵀ (c = Σy/n), s by Ledoit–Wolf or as given (:func:`shrunk_covariance`),
+    Σ positive definite (:func:`check_definite`) — the one home of this rule for a file
+    (:func:`compute_stats`), rows (:func:`gaussian_stats`), pooled clients
+    (:func:`fedalign.pooling.pool_stats`) and an estimator's domain (``SLOTAlign``).
+
+    Parameters
+    ----------
+    m : :class:`Moments` of n ≥ 2 rows in d dimensions (finalized here)
+    shrinkage : "auto" (Ledoit–Wolf), "none" (s = 0) or a float in [0, 1]
+    source : what the moments are of, named by the errors; class_names : (C,) kept
+
+    Returns
+    -------
+    :class:`GaussianStats` — n, mean (d,), covariance (d, d) float64, shrinkage s, moments m
+    """
+    m.finalize()
+    if m.n < 2:
+        raise FedalignError(f"{source}: need at least 2 rows to estimate a covariance, got {m.n}")
     C, s = shrunk_covariance(m, shrinkage)
-    check_definite(C, m, s, path)
-    return GaussianStats(m.n, m.mean, C, s, m, list(names))
+    check_definite(C, m, s, source)
+    return GaussianStats(m.n, m.mean, C, s, m, list(class_names))
+
+
+def gaussian_stats(X: np.ndarray, shrinkage="auto", source="client statistics") -> GaussianStats:
+    """:func:`gaussian_from_moments` of the rows X (n, d): a :class:`GaussianStats`."""
+    X = np.asarray(X)
+    return gaussian_from_moments(Moments(X.shape[1]).update(X).finalize(), shrinkage, source)
 
 
 def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:

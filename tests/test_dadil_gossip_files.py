@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
+from fedalign import defaults
 from fedalign.dadil import dictionary, gossip
 from fedalign.dadil.atoms import Atoms
 from fedalign.dadil.gossip import (aggregate_atoms, communicate, dedupe, describe_round,
@@ -138,12 +139,12 @@ def test_round_writes_state_history_and_atoms_of_round_one(tmp_path):
     assert not np.array_equal(pa.means, load_atoms(ap0).means)
 
 
-def test_round_defaults_are_aggregation_of_two_peers_with_ten_local_steps(tmp_path):
+def test_round_defaults_are_aggregation_of_two_peers_with_the_default_local_steps(tmp_path):
     fed = federation(tmp_path)
     _, sp, _ = fed["c0"]
     st, rec = round_files(sp, [fed["c1"][2], fed["c2"][2]], round_one(tmp_path))
     assert rec["strategy"] == "aggregation" and sorted(rec["peers"]) == ["c1", "c2"]
-    assert len(rec["losses"]) == 10
+    assert len(rec["losses"]) == defaults.LOCAL_STEPS == 5   # the CLI's and Flower's E
 
 
 def test_round_with_zero_local_steps_only_communicates(tmp_path):
@@ -389,14 +390,14 @@ def test_target_moves_its_atoms_only_when_its_settings_say_so(target_atoms, move
 
 
 # -------------------------------------------------------------- gossip_round and the target
-def test_gossip_round_defaults_to_aggregation_with_ten_steps_and_records_the_round():
+def test_gossip_round_defaults_to_aggregation_with_the_default_steps_and_records_the_round():
     st = init_client("c0", source_gmm(), n_atoms=2, seed=0)
     rng = np.random.default_rng(0)
     peers = [PublishedAtoms(rng.normal(size=(2, 2, D)), rng.uniform(0.5, 2, (2, 2, D)),
                             rng.normal(size=(2, 2, C)), 0, f"p{i}") for i in range(3)]
     st, pub, rec = gossip_round(st, source_gmm(), peers)
     assert rec["strategy"] == "aggregation" and len(rec["peers"]) == 2
-    assert len(rec["losses"]) == 10
+    assert len(rec["losses"]) == defaults.LOCAL_STEPS == 5
     assert set(rec) == HISTORY_KEYS and rec["round"] == 1 == st.round == pub.round
     assert st.history == [rec] and st.received is None      # a source keeps no received copy
 

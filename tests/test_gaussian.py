@@ -441,19 +441,19 @@ def test_identical_clients_merge_into_one_with_their_summed_weight():
 
 def test_factored_covariances_on_the_torch_backend():
     pytest.importorskip("torch")
-    from fedalign._bures_fixed_point import _TorchKernels
+    from fedalign._bures_fixed_point import _BatchedRootSum
     from fedalign.linalg import factor_scaled_identity
 
     cl = _small_clients(5, 70, 6, seed=2)
     fact = [factor_scaled_identity(C, c, 35) for C, c in cl]
     mixed = fact[:3] + [C for C, _ in cl[3:]]
     ref = bures_barycenter([C for C, _ in cl])
-    old = _TorchKernels.BATCH
-    _TorchKernels.BATCH = 2  # several batches
+    old = _BatchedRootSum.BATCH
+    _BatchedRootSum.BATCH = 2  # several batches
     try:
         got = bures_barycenter(mixed, backend="torch")
     finally:
-        _TorchKernels.BATCH = old
+        _BatchedRootSum.BATCH = old
     assert np.linalg.norm(got.covariance - ref.covariance) <= 1e-8 * np.linalg.norm(ref.covariance)
 
 

@@ -59,14 +59,16 @@ Adaptation with Gaussian Mixture Models and Optimal Transport", ECML-PKDD 2024.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import (Atoms, data_moments, init_atoms, init_atoms_from_gmms,
                                   project_simplex)
 from fedalign.dadil.gradients import check_gmm_vs_atoms, domain_loss_and_grads
-from fedalign.dadil.optim import (ALPHA_RULES, AdamState, Optim, adam_update, alpha_update,
+from fedalign.dadil.optim import (AdamState, Optim, adam_update, alpha_update, check_alpha_rule,
                                   gd_update)
 from fedalign.errors import FedalignError
 from fedalign.gmm import GMM, floor_from_variance
@@ -227,8 +229,7 @@ def fit_alpha(atoms: Atoms, gmm: GMM, n_steps: int = 100, *, labeled: bool | Non
     """
     labeled = gmm.labels is not None if labeled is None else bool(labeled)
     check_gmm_vs_atoms(gmm, atoms, labeled)
-    if rule not in ALPHA_RULES:
-        raise FedalignError(f"alpha rule must be one of {', '.join(ALPHA_RULES)}, got {rule!r}")
+    check_alpha_rule(rule)
     if int(n_steps) < 1:
         raise FedalignError(f"the number of steps must be ≥ 1, got {n_steps}")
     A = atoms.n_atoms
@@ -268,8 +269,9 @@ def fit_alpha(atoms: Atoms, gmm: GMM, n_steps: int = 100, *, labeled: bool | Non
     return AlphaFit(alpha, loss, losses, alphas, it, converged)
 
 
-def learn_dictionary(gmms: list, target_index: int, *, n_atoms: int = 3, n_iter: int = 100,
-                     optim: Optim | None = None, seed: int = 0, n_components: int | None = None,
+def learn_dictionary(gmms: list, target_index: int, *, n_atoms: int = defaults.N_ATOMS,
+                     n_iter: int = 100, optim: Optim | None = None, seed: int = 0,
+                     n_components: int | None = None,
                      init: str = "data", atoms: Atoms | None = None,
                      var_floor_rel: float | None = 1e-2, bary_tol: float = 1e-6,
                      bary_max_iter: int = 50, callback=None):
@@ -315,8 +317,7 @@ def learn_dictionary(gmms: list, target_index: int, *, n_atoms: int = 3, n_iter:
     pooled_mu = np.mean(mus, 0)
     pooled_var = np.mean(vars_, 0) + np.var(mus, 0)
     if var_floor_rel is not None:
-        optim = Optim(optim.optimizer, optim.lr, optim.alpha_rule, optim.lr_alpha,
-                      floor_from_variance(pooled_var, var_floor_rel))
+        optim = dataclasses.replace(optim, var_floor=floor_from_variance(pooled_var, var_floor_rel))
     if atoms is None:
         if init == "data":
             atoms = init_atoms(n_atoms, K, d, C, seed, center=pooled_mu, scale=np.sqrt(pooled_var))

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import Atoms
 from fedalign.dadil.barycenter import labeled_barycenter, softmax
 from fedalign.dadil import dictionary
@@ -191,7 +192,7 @@ def describe_round(st: ClientState, rec: dict) -> str:
 
 
 def gossip_round(st: ClientState, gmm, peers: list, strategy: str = "aggregation",
-                 local_steps: int = 10) -> tuple[ClientState, PublishedAtoms, dict]:
+                 local_steps: int = defaults.LOCAL_STEPS) -> tuple[ClientState, PublishedAtoms, dict]:
     """One DeFed-GMM-DaDiL round for one client (in place on ``st``, which is also returned).
 
     Parameters
@@ -273,7 +274,7 @@ def publish(state_path: Path, st: ClientState, atoms_path: Path,
 
 
 def round_files(state_path, peer_paths, atoms_path, strategy: str = "aggregation",
-                local_steps: int = 10, *, client: str | None = None, gmm_path=None,
+                local_steps: int = defaults.LOCAL_STEPS, *, client: str | None = None, gmm_path=None,
                 gmm=None, peers: list | None = None) -> tuple[ClientState, dict]:
     """One round from files: everything is read and checked before anything is written.
 

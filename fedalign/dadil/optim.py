@@ -1,6 +1,11 @@
-"""How the atoms and α move: the presets, the mass-preconditioned gradient step, Adam, and
-the α rules (projected Newton on the fixed-plan model, projected gradient, exponentiated
-gradient).
+"""How the atoms and α move: the presets and a client's settings (validated here, once), the
+mass-preconditioned gradient step, Adam, and the α rules (projected Newton on the fixed-plan
+model, projected gradient, exponentiated gradient).
+
+A client's settings are made here (:func:`client_settings`: a preset and overrides, every
+value checked), stored in its state (:mod:`fedalign.dadil.state`) and turned back into its
+:class:`Optim` for a round here (:meth:`Optim.from_settings`, the one validating constructor,
+which also reads a hand-edited state's settings: :func:`check_settings`).
 
 See :mod:`fedalign.dadil.dictionary` for how scale enters the ``fedalign`` preset and where its
 step sizes come from.
@@ -31,6 +36,15 @@ OPTIMIZERS = ("gd", "adam")
 #: Smallest label probability kept when labels are stored as logits.
 LABEL_FLOOR = 1e-12
 ALPHA_RULES = ("newton", "projected", "eg")
+#: How a client's atoms start (``init`` setting): around its own data, or N(0, I).
+INITS = ("data", "normal")
+
+
+def check_alpha_rule(rule: str) -> str:
+    """``rule`` if it is one of :data:`ALPHA_RULES`, else the one error naming them."""
+    if rule not in ALPHA_RULES:
+        raise FedalignError(f"alpha rule must be one of {', '.join(ALPHA_RULES)}, got {rule!r}")
+    return rule
 
 
 @dataclass(frozen=True)
@@ -63,16 +77,66 @@ class Optim:
         if self.optimizer not in OPTIMIZERS:
             raise FedalignError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, "
                                 f"got {self.optimizer!r}")
-        if self.alpha_rule not in ALPHA_RULES:
-            raise FedalignError(f"alpha rule must be one of {', '.join(ALPHA_RULES)}, "
-                                f"got {self.alpha_rule!r}")
+        check_alpha_rule(self.alpha_rule)
         if not (np.isfinite(self.lr) and self.lr > 0):
-            raise FedalignError(f"learning rate must be > 0, got {self.lr}")
+            raise FedalignError(f"lr must be > 0, got {self.lr}", param="lr")
         if not (np.isfinite(self.lr_alpha) and self.lr_alpha > 0):
-            raise FedalignError(f"alpha learning rate must be > 0, got {self.lr_alpha}")
+            raise FedalignError(f"lr_alpha must be > 0, got {self.lr_alpha}", param="lr_alpha")
         fl = np.asarray(self.var_floor, dtype=np.float64)
         if not np.all(np.isfinite(fl)) or np.any(fl <= 0):
             raise FedalignError("variance floor must be finite and > 0")
+
+    @classmethod
+    def from_settings(cls, settings: dict, rounds_done: int = 0, var_floor=1e-6,
+                      where: str | None = None) -> "Optim":
+        """The optimiser of a client's settings (:func:`client_settings`) for its next round.
+
+        The settings a round reads are checked here, once, for a fresh client and for a
+        state read back (a hand-edited one raised KeyError/ValueError in its round):
+        ``optimizer``, ``alpha_rule`` strings, ``lr``, ``lr_alpha`` numbers (present, and
+        valid for :class:`Optim`); ``lr_decay`` a finite number ≥ 0 (absent: 0);
+        ``target_atoms`` true/false (absent: true). ``where`` prefixes the errors.
+
+        The atoms' step in round t (``rounds_done`` = t − 1) is lr / (1 + lr_decay·(t−1)):
+        with a constant step the clients' local steps keep pulling their copies apart as fast
+        as gossip averages them (the consensus plateaus); a harmonic decay lets the copies
+        meet, as decentralized SGD needs a diminishing step for exact consensus (Lian et al.,
+        NeurIPS 2017). States written before the setting existed read as lr_decay 0.
+        """
+        pre = f"{where}: " if where else ""
+        for key, ok, what in (("optimizer", lambda v: isinstance(v, str), "a string"),
+                              ("alpha_rule", lambda v: isinstance(v, str), "a string"),
+                              ("lr", _is_number, "a number"), ("lr_alpha", _is_number, "a number")):
+            if key not in settings:
+                raise FedalignError(f"{pre}settings lack '{key}'")
+            if not ok(settings[key]):
+                raise FedalignError(f"{pre}setting '{key}' must be {what}, got "
+                                    f"{settings[key]!r}")
+        decay = settings.get("lr_decay", 0.0)
+        if not _is_number(decay):
+            raise FedalignError(f"{pre}setting 'lr_decay' must be a number, got {decay!r}")
+        if not (np.isfinite(decay) and decay >= 0):
+            raise FedalignError(f"{pre}lr_decay must be ≥ 0, got {decay}",
+                                param=None if pre else "lr_decay")
+        if not isinstance(settings.get("target_atoms", True), bool):
+            raise FedalignError(f"{pre}setting 'target_atoms' must be true or false, got "
+                                f"{settings['target_atoms']!r}")
+        lr = float(settings["lr"]) / (1.0 + float(decay) * int(rounds_done))
+        try:
+            return cls(settings["optimizer"], lr, settings["alpha_rule"],
+                       float(settings["lr_alpha"]), var_floor)
+        except FedalignError as e:
+            raise FedalignError(f"{pre}{e}", param=None if pre else e.param) from None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_settings(settings: dict, where: str | None = None) -> None:
+    """Refuse settings a round cannot run with (:meth:`Optim.from_settings`'s checks; a state
+    read only to evaluate its target needs none)."""
+    Optim.from_settings(settings, where=where)
 
 
 #: Named settings. ``fedalign`` (default): scale-free gradient steps, α by projected Newton,
@@ -81,6 +145,34 @@ class Optim:
 #: every parameter, α projected onto the simplex after each Adam step, min_var 0.05), with
 #: atoms started at N(0, I), variance 1.
 PRESETS = defaults.DADIL_PRESETS  # (there: the CLI's help quotes them without numpy)
+
+
+def client_settings(preset: str = "fedalign", **overrides) -> dict:
+    """The settings of a client: a named preset (:data:`PRESETS`) with explicit values (not
+    None) taking precedence, every value checked. Keys: optimizer, lr, alpha_rule, lr_alpha,
+    var_floor_rel (variance floor relative to the client's per-dimension data variance) or
+    min_var (absolute floor), init ("data" | "normal"), target_atoms, lr_decay (the atoms'
+    step in round t is lr / (1 + lr_decay · t), see :meth:`Optim.from_settings`)."""
+    if preset not in PRESETS:
+        raise FedalignError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}",
+                            param="preset")
+    out = dict(PRESETS[preset], preset=preset)
+    for k, v in overrides.items():
+        if k not in out:
+            raise FedalignError(f"unknown DaDiL setting {k!r}")
+        if v is not None:
+            out[k] = v
+    if overrides.get("min_var") is not None:
+        out["var_floor_rel"] = None
+    elif overrides.get("var_floor_rel") is not None:
+        out["min_var"] = None
+    if out["init"] not in INITS:
+        raise FedalignError(f"init must be 'data' or 'normal', got {out['init']!r}")
+    for k in ("var_floor_rel", "min_var"):
+        if out[k] is not None and not (np.isfinite(out[k]) and out[k] > 0):
+            raise FedalignError(f"{k} must be > 0, got {out[k]}", param=k)
+    check_settings(out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,8 +341,7 @@ def alpha_update(alpha: np.ndarray, g_alpha: np.ndarray, model: dict | None, rul
     All three are invariant to the scale of the features: the common part of ∇α (which the
     simplex constraint removes) does not produce a step, unlike per-coordinate Adam steps.
     """
-    if rule not in ALPHA_RULES:
-        raise FedalignError(f"alpha rule must be one of {', '.join(ALPHA_RULES)}, got {rule!r}")
+    check_alpha_rule(rule)
     eta = float(lr_alpha)
     if rule == "eg":
         gt = g_alpha - alpha @ g_alpha

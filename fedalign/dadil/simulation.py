@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from fedalign import defaults
 from fedalign.dadil.gossip import dedupe, gossip_round, init_files, publish, round_files
 from fedalign.dadil.state import save_atoms
 from fedalign.files import (atomic_outputs, make_output_folder, move_in, sha256_file,
@@ -26,7 +27,7 @@ def federation_paths(out_dir, client: str, t: int) -> tuple[Path, Path]:
 
 
 def simulate(gmm_paths: dict, out_dir, rounds: int, strategy: str = "aggregation",
-             local_steps: int = 10, *, progress=None, callback=None, keep_history: bool = True,
+             local_steps: int = defaults.LOCAL_STEPS, *, progress=None, callback=None, keep_history: bool = True,
              in_memory: bool = False, **init_options) -> dict:
     """Run N clients × R synchronous rounds in one process, writing the CLI's files.
 

@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.atoms import Atoms, data_moments, init_atoms
 from fedalign.dadil.barycenter import atoms_barycenter, check_simplex
-from fedalign.dadil.optim import PRESETS, Optim
+from fedalign.dadil.optim import (Optim, check_settings,  # noqa: F401 (re-exported)
+                                  client_settings)
 from fedalign.dadil.rng import (check_rng_words, client_init_seed, client_rng,  # noqa: F401
                                 rng_from_array, rng_to_array)
 from fedalign.errors import FedalignError, spell
@@ -223,32 +225,6 @@ def load_state(path) -> ClientState:
                        dict(meta.get("settings") or {}), received, alpha_r)
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def check_settings(settings: dict, where: str) -> None:
-    """The settings a round reads (:func:`optim_for`, ``target_atoms``) are present and of
-    their types: ``optimizer``, ``alpha_rule`` strings; ``lr``, ``lr_alpha`` numbers;
-    ``lr_decay`` a finite number ≥ 0 (absent: 0); ``target_atoms`` true/false (absent: true).
-    A hand-edited state without them raised KeyError/ValueError in its next round; they are
-    checked there (a state read only to evaluate its target needs none)."""
-    for key, ok, what in (("optimizer", lambda v: isinstance(v, str), "a string"),
-                          ("alpha_rule", lambda v: isinstance(v, str), "a string"),
-                          ("lr", _is_number, "a number"), ("lr_alpha", _is_number, "a number")):
-        if key not in settings:
-            raise FedalignError(f"{where}: settings lack '{key}'")
-        if not ok(settings[key]):
-            raise FedalignError(f"{where}: setting '{key}' must be {what}, got "
-                                f"{settings[key]!r}")
-    decay = settings.get("lr_decay", 0.0)
-    if not (_is_number(decay) and np.isfinite(decay) and decay >= 0):
-        raise FedalignError(f"{where}: setting 'lr_decay' must be a number ≥ 0, got {decay!r}")
-    if not isinstance(settings.get("target_atoms", True), bool):
-        raise FedalignError(f"{where}: setting 'target_atoms' must be true or false, got "
-                            f"{settings['target_atoms']!r}")
-
-
 # --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
@@ -298,55 +274,15 @@ def check_peer(st: ClientState, peer: PublishedAtoms, where: str = "peer atoms")
 # --------------------------------------------------------------------------------------------
 
 
-def client_settings(preset: str = "fedalign", **overrides) -> dict:
-    """The settings of a client: a named preset (:data:`fedalign.dadil.optim.PRESETS`) with
-    explicit values (not None) taking precedence. Keys: optimizer, lr, alpha_rule, lr_alpha,
-    var_floor_rel (variance floor relative to the client's per-dimension data variance) or
-    min_var (absolute floor), init ("data" | "normal"), target_atoms, lr_decay (the atoms'
-    step in round t is lr / (1 + lr_decay · t), see :func:`optim_for`). The steps and floors
-    given must be > 0, lr_decay ≥ 0 (checked here, before a state is written)."""
-    if preset not in PRESETS:
-        raise FedalignError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}",
-                            param="preset")
-    out = dict(PRESETS[preset], preset=preset)
-    for k, v in overrides.items():
-        if k not in out:
-            raise FedalignError(f"unknown DaDiL setting {k!r}")
-        if v is not None:
-            out[k] = v
-    if overrides.get("min_var") is not None:
-        out["var_floor_rel"] = None
-    elif overrides.get("var_floor_rel") is not None:
-        out["min_var"] = None
-    if out["init"] not in ("data", "normal"):
-        raise FedalignError(f"init must be 'data' or 'normal', got {out['init']!r}")
-    for k in ("lr", "lr_alpha", "var_floor_rel", "min_var"):
-        if out[k] is not None and not (np.isfinite(out[k]) and out[k] > 0):
-            raise FedalignError(f"{k} must be > 0, got {out[k]}", param=k)
-    if not (np.isfinite(out["lr_decay"]) and out["lr_decay"] >= 0):
-        raise FedalignError(f"lr_decay must be ≥ 0, got {out['lr_decay']}", param="lr_decay")
-    return out
+def optim_for(st: "ClientState") -> Optim:
+    """The :class:`fedalign.dadil.optim.Optim` of a client state for its next round
+    (:meth:`~fedalign.dadil.optim.Optim.from_settings`: its settings checked, the atoms' step
+    decayed by the rounds done, the client's own variance floor)."""
+    return Optim.from_settings(st.settings, st.round, st.var_floor,
+                               where=f"client {st.client}'s state")
 
 
-def optim_for(st: "ClientState"):
-    """The :class:`fedalign.dadil.optim.Optim` of a client state for its next round.
-
-    The atoms' step in round t (``st.round`` = t − 1 rounds done) is lr / (1 + lr_decay·(t−1)):
-    with a constant step the clients' local steps keep pulling their copies apart as fast as
-    gossip averages them (the consensus plateaus); a harmonic decay lets the copies meet, as
-    decentralized SGD needs a diminishing step for exact consensus (Lian et al., NeurIPS 2017).
-    States written before the setting existed read as lr_decay 0 (constant)."""
-    s = st.settings
-    where = f"client {st.client}'s state"
-    check_settings(s, where)
-    lr = float(s["lr"]) / (1.0 + float(s.get("lr_decay", 0.0)) * int(st.round))
-    try:
-        return Optim(s["optimizer"], lr, s["alpha_rule"], float(s["lr_alpha"]), st.var_floor)
-    except FedalignError as e:
-        raise FedalignError(f"{where}: {e}") from None
-
-
-def init_client(client: str, gmm, *, n_atoms: int = 3, seed: int = 0,
+def init_client(client: str, gmm, *, n_atoms: int = defaults.N_ATOMS, seed: int = 0,
                 n_components: int | None = None, n_classes: int | None = None,
                 preset: str = "fedalign", shared_init: bool = False, gmm_path: str = "",
                 gmm_sha256: str = "", **overrides) -> ClientState:
