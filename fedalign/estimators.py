@@ -217,10 +217,18 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
     seed : seed of the GMM fits, the atoms and the head's samples (same seed → same model)
+    align_to_target : True (the ``fedalign`` default): before anything is fitted, every
+        source's rows are mapped onto the target's Gaussian at τ = 1, completed by the classes
+        the target seems to lack (:func:`fedalign.label_shift.onto_target`: what
+        ``examples/dadil/run_lodo.py`` and the CLI recipe ``stats --per-class`` →
+        ``target-reference`` → ``align --tau 1`` do); False: the sources as they are (the
+        published GMM-DaDiL)
 
     Attributes
     ----------
     classes_ : (C,) the source labels (``y`` values other than −1), sorted
+    label_shift_ : the label-shift EM's record (priors, absent classes) when
+        ``align_to_target``, else None
     source_domains_ : (S,) source domain ids; target_domain_ : the target's id
     gmms_ : list of S + 1 :class:`fedalign.gmm.GMM` (the sources, then the target)
     barycenter_ : :class:`fedalign.gmm.GMM`, B(α_T; atoms), labels (K, C)
@@ -231,7 +239,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, components_per_class=5, n_atoms=defaults.N_ATOMS, n_iter=100,
                  classifier="auto", n_per_class=500, class_weights="balanced",
-                 var_floor_rel=0.01, seed=0):
+                 var_floor_rel=0.01, seed=0, align_to_target=True):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms
         self.n_iter = n_iter
@@ -240,6 +248,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         self.class_weights = class_weights
         self.var_floor_rel = var_floor_rel
         self.seed = seed
+        self.align_to_target = align_to_target
 
     def fit(self, X, y, *, sample_domain=None):
         """Learn the dictionary from labeled sources and one unlabeled target.
@@ -283,14 +292,27 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
             opts = dict(components_per_class=int(self.components_per_class), n_classes=C,
                         class_weights=self.class_weights, seed=int(self.seed),
                         var_floor_rel=self.var_floor_rel)
-            gmms, labeled_sources = [], []
+            encoded = []
             for dom in sources:
                 rows = sd == dom
                 enc = np.full(int(rows.sum()), -1, dtype=np.int64)
-                lab = labeled[rows]
-                enc[lab] = np.searchsorted(classes, y[rows][lab])
+                enc[labeled[rows]] = np.searchsorted(classes, y[rows][labeled[rows]])
+                encoded.append(enc)
+            self.label_shift_ = None
+            if self.align_to_target:   # SLOT toward the target first (fedalign.label_shift)
+                from fedalign.label_shift import onto_target
+
+                mapped, self.label_shift_ = onto_target(
+                    [(X[sd == dom], enc) for dom, enc in zip(sources, encoded)],
+                    X[sd == targets[0]], C)
+                X = X.copy()
+                for dom, Xm in zip(sources, mapped):
+                    X[sd == dom] = Xm
+            gmms, labeled_sources = [], []
+            for dom, enc in zip(sources, encoded):
+                rows = sd == dom
                 gmms.append(fit_gmm(X[rows], enc, **opts))
-                labeled_sources.append((X[rows][lab], enc[lab]))
+                labeled_sources.append((X[rows][enc >= 0], enc[enc >= 0]))
             gmms.append(fit_gmm(X[sd == targets[0]], None, **opts))
             B, history = centralized_barycenter(gmms, len(sources), seed=int(self.seed),
                                                 n_atoms=int(self.n_atoms), n_iter=int(self.n_iter))

@@ -206,3 +206,42 @@ def reference_from_files(target_features, source_stats) -> tuple:
         msgs.append(msg)
     X, _, _ = read_features(target_features)
     return completed_reference(compute_stats(target_features), msgs, np.asarray(X, np.float64), C)
+
+
+def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
+    """Every source's rows mapped onto the target's completed Gaussian at τ = 1 (SLOT toward
+    the target, the first half of the ``fedalign`` DaDiL pipeline), in memory.
+
+    What ``stats --per-class`` of each source, ``target-reference`` and ``align --tau 1`` do
+    with files: each source's class statistics (FedCGS's message) go to the target, which
+    builds :func:`completed_reference` from its own rows; each source's own map onto it
+    (:func:`fedalign.align.client_maps`: the reference's root once) moves its rows.
+
+    Parameters
+    ----------
+    sources : list of (X (n_s, d), y (n_s,) int in [0, n_classes), or −1 for a row without
+        a label): each source's rows; its class statistics are those of its labeled rows, its
+        Gaussian and its map those of all its rows
+    X_target : (n_T, d) the target's unlabeled rows
+    n_classes : C
+
+    Returns
+    -------
+    mapped : list of (n_s, d) float64 arrays, the sources' rows on the target's Gaussian
+    record : the EM's record (:func:`target_reference`: priors, absent classes)
+    """
+    from fedalign.align import apply_map, client_maps
+    from fedalign.heads import fedcgs
+    from fedalign.stats import gaussian_stats
+
+    msgs = []
+    for X, y in sources:
+        y = np.asarray(y, np.int64)
+        lab = y >= 0
+        X = np.asarray(X, np.float64)
+        msgs.append(fedcgs.client_update(X if lab.all() else X[lab], y if lab.all() else y[lab],
+                                         n_classes, fedcgs.Config()))
+    ref, rec = completed_reference(gaussian_stats(X_target), msgs, X_target, n_classes)
+    maps = client_maps([gaussian_stats(X) for X, _ in sources], ref,
+                       domains=[f"source {k}" for k in range(len(sources))])
+    return [apply_map(X, m, 1.0).astype(np.float64) for (X, _), m in zip(sources, maps)], rec

@@ -187,6 +187,66 @@ def test_gmm_dadil_classifier_labels_params_clone_and_errors():
         clone(clf).fit(X, np.where(y >= 0, 0, -1), sample_domain=sd)
 
 
+def _shifted_blobs(seed=0, n=200, drop=()):
+    """Two labeled sources (the second scaled and shifted) and a target rotated by 30° and
+    shifted, whose adaptation rows lack the classes in ``drop``; its test rows hold every
+    class."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for A, b in ((np.eye(2), np.zeros(2)), (np.diag([1.2, 0.8]), np.array([1.0, -1.0]))):
+        X, yy = _blobs(rng, n, 0)
+        parts.append((X @ A.T + b, yy))
+    Xt, yt = _blobs(rng, 2 * n, 30)
+    Xt = Xt + np.array([3.0, 2.0])
+    adapt = ~np.isin(yt[:n], drop)
+    Xa, (Xte, yte) = Xt[:n][adapt], (Xt[n:], yt[n:])
+    X = np.vstack([p[0] for p in parts] + [Xa])
+    y = np.concatenate([p[1] for p in parts] + [np.full(len(Xa), -1)])
+    sd = np.concatenate([np.full(n, 1), np.full(n, 2), np.full(len(Xa), -1)])
+    return X, y, sd, Xte, yte
+
+
+@pytest.mark.parametrize("drop", [(), (2,)])
+def test_gmm_dadil_classifier_maps_the_sources_onto_the_target_first(drop):
+    """The fedalign default moves every source onto the target's completed Gaussian
+    (label_shift.onto_target) before any GMM is fitted: its source GMMs are those of the
+    mapped rows, and a class the target's rows lack is found absent; align_to_target=False
+    fits the sources as they are."""
+    from fedalign.gmm import fit_gmm
+    from fedalign.label_shift import onto_target
+
+    X, y, sd, Xte, yte = _shifted_blobs(drop=drop)
+    kw = dict(components_per_class=2, n_iter=30, classifier="linear", n_per_class=200)
+    on = GMMDaDiLClassifier(**kw).fit(X, y, sample_domain=sd)
+    off = GMMDaDiLClassifier(**kw, align_to_target=False).fit(X, y, sample_domain=sd)
+    assert off.label_shift_ is None and on.label_shift_["absent"] == list(drop)
+    mapped, rec = onto_target([(X[sd == k], y[sd == k]) for k in (1, 2)], X[sd == -1], 3)
+    assert rec == on.label_shift_
+    for k, Xm in enumerate(mapped):
+        g = fit_gmm(Xm, y[sd == k + 1], 2, n_classes=3, seed=0, var_floor_rel=0.01)
+        np.testing.assert_array_equal(g.means, on.gmms_[k].means)
+        g = fit_gmm(X[sd == k + 1], y[sd == k + 1], 2, n_classes=3, seed=0, var_floor_rel=0.01)
+        np.testing.assert_array_equal(g.means, off.gmms_[k].means)
+    assert not np.allclose(on.gmms_[0].means, off.gmms_[0].means)
+    if not drop:
+        assert on.score(Xte, yte) > 0.9
+
+
+def test_onto_target_uses_only_labeled_rows_for_the_class_statistics():
+    """A source row without a label (−1) is mapped with its domain but sends no class
+    statistics: the record equals that of the labeled rows' messages alone."""
+    from fedalign.label_shift import onto_target
+
+    X, y, sd, _, _ = _shifted_blobs()
+    src = [(X[sd == k], y[sd == k]) for k in (1, 2)]
+    y0 = src[0][1].copy()
+    y0[::4] = -1
+    mapped, rec = onto_target([(src[0][0], y0), src[1]], X[sd == -1], 3)
+    assert [m.shape for m in mapped] == [s[0].shape for s in src]
+    _, rec_lab = onto_target([(src[0][0][y0 >= 0], y0[y0 >= 0]), src[1]], X[sd == -1], 3)
+    np.testing.assert_allclose(rec["priors"], rec_lab["priors"], rtol=1e-12)
+
+
 def test_import_fedalign_loads_neither_sklearn_nor_torch():
     code = ("import sys, fedalign; assert 'sklearn' not in sys.modules; "
             "assert 'torch' not in sys.modules; fedalign.SLOTAlign; fedalign.GMMDaDiLClassifier; "

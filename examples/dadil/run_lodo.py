@@ -97,21 +97,13 @@ def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
     """({domain: (X mapped onto the target's reference, y)}, label-shift record).
 
     The reference: the target's mean and Ledoit–Wolf covariance, completed by the classes its
-    rows lack (:func:`fedalign.label_shift.completed_reference`: Saerens' EM on an LDA of the
+    rows lack (:func:`fedalign.label_shift.onto_target`: Saerens' EM on an LDA of the
     sources' class statistics; unchanged when no class looks absent); each source's own map
-    at τ = 1 (``fedalign.align``: what ``stats --per-class``, ``target-reference`` and
-    ``align --tau 1`` do)."""
-    from fedalign.align import apply_map, client_maps
-    from fedalign.dadil.target_head import class_statistics
-    from fedalign.federation import gaussian_stats
-    from fedalign.label_shift import completed_reference
+    at τ = 1 (what ``stats --per-class``, ``target-reference`` and ``align --tau 1`` do)."""
+    from fedalign.label_shift import onto_target
 
-    msgs = [class_statistics(X, y, n_classes) for X, y in sources.values()]
-    ref, rec = completed_reference(gaussian_stats(X_target), msgs, X_target, n_classes)
-    maps = client_maps([gaussian_stats(X) for X, _ in sources.values()], ref,
-                       domains=list(sources))
-    return {d: (apply_map(X, m, 1.0).astype(np.float64), y)
-            for (d, (X, y)), m in zip(sources.items(), maps)}, rec
+    mapped, rec = onto_target(list(sources.values()), X_target, n_classes)
+    return {d: (Xm, y) for (d, (_, y)), Xm in zip(sources.items(), mapped)}, rec
 
 
 def aligned(a) -> bool:
