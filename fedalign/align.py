@@ -29,7 +29,7 @@ import numpy as np
 from fedalign import defaults
 from fedalign.backend import get_backend
 from fedalign.errors import FedalignError
-from fedalign.gaussian import check_tau, gaussian_barycenter, interpolate_map, ot_maps
+from fedalign.gaussian import gaussian_barycenter, interpolate_map, ot_maps
 
 #: Default geodesic time (the SLOT-Align reference implementation's fixed-mode default).
 DEFAULT_TAU = defaults.TAU
@@ -370,11 +370,11 @@ def align_file(src, out, amap: AffineMap, tau: float = DEFAULT_TAU, chunk_rows: 
     """
     from fedalign.files import FeatureWriter, atomic_output, open_features
 
-    tau = check_tau(tau)
+    At, bt = interpolate_map(amap.A, amap.b, tau)    # the one check of τ ∈ [0, 1]
+    tau = float(tau)
     bk = get_backend(backend, device)
     if bk.record():
         provenance = dict(provenance or {}, compute=bk.record())
-    At, bt = interpolate_map(amap.A, amap.b, tau)
     At32, bt32 = np.ascontiguousarray(At.T, dtype=np.float32), bt.astype(np.float32)
     with open_features(src) as ff:
         if ff.d != amap.A.shape[0]:
