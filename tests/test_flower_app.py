@@ -223,6 +223,25 @@ def test_run_config_booleans_and_tau_follow_the_command_line():
     assert Settings(out="/x").tau == TAU
 
 
+def test_run_config_defaults_and_shrinkage_follow_the_command_line():
+    from fedalign import defaults
+    from fedalign.grammar import parse_shrinkage
+
+    s = Settings(out="/x")
+    assert (s.tau, s.n_atoms, s.local_steps) == (defaults.TAU, defaults.N_ATOMS,
+                                                 defaults.LOCAL_STEPS) == (0.4, 3, 5)
+    # fedalign stats --shrinkage's words: a word travels as the word, a number as its text
+    for text, sent in (("auto", "auto"), ("AUTO", "auto"), ("None", "none"), ("0.5", "0.5"),
+                       (0.25, "0.25"), ("1", "1")):
+        got = Settings.from_run_config({"out": "/x", "shrinkage": text}).shrinkage
+        assert got == sent and parse_shrinkage(got) == parse_shrinkage(text)
+    for bad in ("lw", "1.5", "-0.1", ""):
+        with pytest.raises(FedalignError, match="run config shrinkage must be"):
+            Settings.from_run_config({"out": "/x", "shrinkage": bad})
+    with pytest.raises(FedalignError, match="run config min-clients: cannot read 'two' as int"):
+        Settings.from_run_config({"out": "/x", "min-clients": "two"})
+
+
 def test_project_config_lists_every_setting():
     import dataclasses
     import tomllib
