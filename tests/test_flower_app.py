@@ -415,6 +415,20 @@ def test_slot_node_that_drops_out_is_skipped_with_a_warning(fresh_sites):
                        **{"min-clients": 3}), say=lambda *_: None)
 
 
+def test_slot_report_counts_each_clients_own_rows_after_a_drop(fresh_sites):
+    """blocky, the first client, is lost in the heads round: the others keep their own n."""
+    from fedalign.stats import compute_stats
+
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    grid.tamper = lambda nid, mtype, reply: None if (nid == 1001 and mtype == m.HEADS) else reply
+    rep = run(grid, dict(method="slot", out=str(root / "o"), heads="fedcgs", timeout=0.5),
+              say=lambda *_: None)
+    n = {c["name"]: compute_stats(c["train"]).n for c in nodes}
+    assert [(c["name"], c["n"]) for c in rep["clients"]] == [("ink", n["ink"]), ("neon", n["neon"])]
+    assert n["ink"] != n["blocky"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda a: a["stats"].update(mean=np.full_like(a["stats"]["mean"], np.nan)),
      "stats reply: 'mean' has 6 NaN/Inf values"),

@@ -287,7 +287,7 @@ def _privacy(clients: dict, order: list, steps: dict, head) -> list:
 def _report(ex: Exchange, s: Settings, plan: _Plan, cl: _Clients, order: list, domains: dict,
             results: list, sha: str, timing: dict) -> dict:
     """The content of OUT/slot.json."""
-    clients = cl.names
+    clients, stats_of = cl.names, dict(zip(cl.order, cl.stats))
     return dict(
         producer="fedalign flower",
         protocol=("SLOT-Align across sites: stats → barycenter → each client aligns its own "
@@ -295,7 +295,7 @@ def _report(ex: Exchange, s: Settings, plan: _Plan, cl: _Clients, order: list, d
                   "aggregates; accuracy per test domain reported by its node"),
         class_names=list(cl.class_names), seeds=[int(x) for x in plan.seeds],
         domains=list(domains), alignment=dict(tau=float(s.tau), reference_sha256=sha),
-        clients=[dict(name=clients[n], node=str(n), n=int(_find_n(cl.stats, order, n)),
+        clients=[dict(name=clients[n], node=str(n), n=int(stats_of[n].n),
                       domain=next((dm for dm, (c, _) in domains.items() if c == clients[n]), None))
                  for n in order],
         methods={r.method: r.to_json() for r in results},
@@ -303,10 +303,6 @@ def _report(ex: Exchange, s: Settings, plan: _Plan, cl: _Clients, order: list, d
         dropped=lost_clients(ex), exchanges=list(ex.exchanges),
         warnings=list(ex.warnings), timing_s=timing, settings=dataclasses.asdict(s),
     )
-
-
-def _find_n(stats, order, nid):
-    return stats[order.index(nid)].n if nid in order else 0
 
 
 def _arrays(d: dict) -> dict:
