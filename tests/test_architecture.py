@@ -66,6 +66,23 @@ def test_import_checker_sees_relative_and_absolute_cli_imports():
     assert {"fedalign.cli", "fedalign.cli.app"} <= names
 
 
+def test_the_flower_app_imports_the_library_only_through_its_lib_module():
+    """fedalign/flower/_lib.py is the one door of the Flower app into the rest of fedalign
+    (docs/architecture.md): no other module of fedalign/flower/ imports ``fedalign.X`` outside
+    ``fedalign.flower``, at the top or inside a function."""
+    flower = sorted((ROOT / "flower").glob("*.py"))
+    assert {"_lib.py", "server_app.py", "handlers.py"} <= {p.name for p in flower}
+    bad = [f"{p.name} imports {n}" for p in flower if p.name != "_lib.py"
+           for n in sorted(_module_imports(p))
+           if (n == "fedalign" or n.startswith("fedalign."))
+           and n != "fedalign.flower" and not n.startswith("fedalign.flower.")]
+    assert bad == []
+    src = "def f():\n    from fedalign.errors import FedalignError\nfrom fedalign import files\n"
+    assert {"fedalign.errors", "fedalign", "fedalign.files"} <= _imports(ast.parse(src),
+                                                                         "fedalign.flower")
+    assert "fedalign.files" in _imports(ast.parse("from .. import files\n"), "fedalign.flower")
+
+
 def _room_of(name: str, rooms) -> str | None:
     best = None
     for r in rooms:

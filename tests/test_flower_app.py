@@ -223,6 +223,25 @@ def test_run_config_booleans_and_tau_follow_the_command_line():
     assert Settings(out="/x").tau == TAU
 
 
+def test_run_config_defaults_and_shrinkage_follow_the_command_line():
+    from fedalign import defaults
+    from fedalign.grammar import parse_shrinkage
+
+    s = Settings(out="/x")
+    assert (s.tau, s.n_atoms, s.local_steps) == (defaults.TAU, defaults.N_ATOMS,
+                                                 defaults.LOCAL_STEPS) == (0.4, 3, 5)
+    # fedalign stats --shrinkage's words: a word travels as the word, a number as its text
+    for text, sent in (("auto", "auto"), ("AUTO", "auto"), ("None", "none"), ("0.5", "0.5"),
+                       (0.25, "0.25"), ("1", "1")):
+        got = Settings.from_run_config({"out": "/x", "shrinkage": text}).shrinkage
+        assert got == sent and parse_shrinkage(got) == parse_shrinkage(text)
+    for bad in ("lw", "1.5", "-0.1", ""):
+        with pytest.raises(FedalignError, match="run config shrinkage must be"):
+            Settings.from_run_config({"out": "/x", "shrinkage": bad})
+    with pytest.raises(FedalignError, match="run config min-clients: cannot read 'two' as int"):
+        Settings.from_run_config({"out": "/x", "min-clients": "two"})
+
+
 def test_project_config_lists_every_setting():
     import dataclasses
     import tomllib
@@ -394,6 +413,20 @@ def test_slot_node_that_drops_out_is_skipped_with_a_warning(fresh_sites):
     with pytest.raises(FedalignError, match="fewer than min-clients=3.*node neon"):
         run(grid, dict(method="slot", out=str(root / "o2"), heads="fedcgs", timeout=0.5,
                        **{"min-clients": 3}), say=lambda *_: None)
+
+
+def test_slot_report_counts_each_clients_own_rows_after_a_drop(fresh_sites):
+    """blocky, the first client, is lost in the heads round: the others keep their own n."""
+    from fedalign.stats import compute_stats
+
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    grid.tamper = lambda nid, mtype, reply: None if (nid == 1001 and mtype == m.HEADS) else reply
+    rep = run(grid, dict(method="slot", out=str(root / "o"), heads="fedcgs", timeout=0.5),
+              say=lambda *_: None)
+    n = {c["name"]: compute_stats(c["train"]).n for c in nodes}
+    assert [(c["name"], c["n"]) for c in rep["clients"]] == [("ink", n["ink"]), ("neon", n["neon"])]
+    assert n["ink"] != n["blocky"]
 
 
 @pytest.mark.parametrize("bad, message", [

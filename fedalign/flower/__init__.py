@@ -1,7 +1,10 @@
 """Across sites: SLOT-Align and DeFed-GMM-DaDiL as a Flower app (``pip install 'fedalign[flower]'``).
 
-- :mod:`fedalign.flower.server_app` — ``app``, the ServerApp (``@app.main()``): the SLOT-Align
-  server (barycenter, global heads) and the DeFed gossip relay (a mailbox of atoms);
+- :mod:`fedalign.flower.server_app` — ``app``, the ServerApp (``@app.main()``): the run config
+  (:mod:`~fedalign.flower.settings`) → one driver per method over the node exchange
+  (:mod:`~fedalign.flower.exchange`): the SLOT-Align server (:mod:`~fedalign.flower.slot_driver`:
+  barycenter, global heads) and the DeFed gossip relay (:mod:`~fedalign.flower.defed_driver`:
+  a mailbox of atoms);
 - :mod:`fedalign.flower.client_app` — ``app``, the ClientApp: one handler per message type;
 - :mod:`fedalign.flower.handlers` — what a node computes from its own files (no Flower);
 - :mod:`fedalign.flower.messages` — payloads ↔ ``RecordDict``, reply checks, byte counts;

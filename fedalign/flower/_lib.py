@@ -3,12 +3,21 @@
 The app itself holds no method: statistics come from :mod:`fedalign.stats`, the barycenter and
 the maps from :mod:`fedalign.align` / :mod:`fedalign.gaussian`, the heads from
 :mod:`fedalign.heads`, the DeFed-GMM-DaDiL rounds from the file-level round API of
-:mod:`fedalign.dadil` (what ``fedalign dadil-round`` calls). When modules move, only this
-file changes.
+:mod:`fedalign.dadil` (what ``fedalign dadil-round`` calls); the run config is read with the
+command line's grammar (:mod:`fedalign.grammar`, :func:`fedalign.evaluate.check_seeds` /
+:func:`~fedalign.evaluate.check_params`) and its defaults (:mod:`fedalign.defaults`), and the
+reports are the library's (:mod:`fedalign.results`, :func:`fedalign.files.write_report`).
+When modules move, only this file changes; no other module of :mod:`fedalign.flower` imports
+the rest of fedalign (``tests/test_architecture.py`` checks it). One import waits for its first
+call: :mod:`fedalign.dp` (:func:`config_record`), which loads ``scipy.optimize``, a cost a
+node's start-up need not pay.
 
-Two small adapters live here because the library has no function of that shape yet (both
-are candidates to move into the library):
+Small adapters live here because the library has no function of that shape yet (each is a
+candidate to move into the library):
 
+- :func:`client_gaussian` — a client's Gaussian proxy from the arrays of its stats message
+  (n, mean, covariance; no moment sums), as :func:`fedalign.align.load_client_stats` holds a
+  stats file for the barycenter;
 - :func:`relay_round` — one gossip round whose peers were drawn *before* their atoms arrived
   (a relay forwards only the atoms a client asked for). The library's round draws its peers
   inside ``communicate`` (:mod:`fedalign.dadil.gossip`) from the full candidate pool; the
@@ -25,13 +34,19 @@ are candidates to move into the library):
 
 from __future__ import annotations
 
+import numpy as np
+
 from fedalign.align import (Reference, client_map, load_map, make_reference, save_map,
                             save_reference)
 from fedalign.align import align_file
+from fedalign.defaults import LOCAL_STEPS, N_ATOMS, TAU
 from fedalign.errors import FedalignError
-from fedalign.files import check_spd, read_features, read_npz, sha256_file
+from fedalign.evaluate import check_params, check_seeds, privacy_lines, privacy_of
+from fedalign.files import check_spd, read_features, read_npz, sha256_file, write_report
 from fedalign.gaussian import check_tau
+from fedalign.grammar import parse_bool, parse_params, parse_seeds, parse_shrinkage
 from fedalign.heads import LinearHead, client_message, get_method, message_keys
+from fedalign.results import MethodResult, json_safe
 from fedalign.stats import GaussianStats, compute_stats, load_stats, save_stats
 
 # DeFed-GMM-DaDiL (the file-level round API; the only DaDiL imports of the app)
@@ -41,14 +56,39 @@ from fedalign.dadil import (N_PEERS, STRATEGIES, PublishedAtoms, check_client_id
 from fedalign.dadil import evaluate_target_files
 
 __all__ = [
-    "FedalignError", "GaussianStats", "LinearHead", "N_PEERS", "PublishedAtoms", "Reference",
-    "STRATEGIES", "align_file", "check_client_id", "check_spd", "check_tau", "client_map",
-    "compute_stats", "draw_peers", "evaluate_target_files", "federation_paths", "get_method",
-    "head_client_update", "head_server_aggregate", "head_server_init", "init_files",
-    "limit_threads", "load_atoms", "load_map", "load_state", "load_stats", "make_reference",
-    "read_features", "read_npz", "relay_round", "save_map",
-    "save_reference", "save_stats", "sha256_file",
+    "FedalignError", "GaussianStats", "LOCAL_STEPS", "LinearHead", "MethodResult", "N_ATOMS",
+    "N_PEERS", "PublishedAtoms", "Reference", "STRATEGIES", "TAU", "align_file",
+    "check_client_id", "check_params", "check_seeds", "check_spd", "check_tau",
+    "client_gaussian", "client_map", "compute_stats", "config_record", "draw_peers",
+    "evaluate_target_files", "federation_paths", "get_method", "head_client_update",
+    "head_config", "head_message_keys", "head_rounds", "head_server_aggregate",
+    "head_server_init", "init_files", "json_safe", "limit_threads", "load_atoms", "load_map",
+    "load_state", "load_stats", "make_reference", "parse_bool", "parse_params", "parse_seeds",
+    "parse_shrinkage", "privacy_lines", "privacy_of", "read_features", "read_npz",
+    "relay_round", "save_map", "save_reference", "save_stats", "sha256_file", "write_report",
 ]
+
+
+def config_record(cfg) -> dict:
+    """:func:`fedalign.dp.config_record` of a head's config (:mod:`fedalign.dp` is imported
+    here, at the first call: it loads ``scipy.optimize``)."""
+    from fedalign.dp import config_record as record
+
+    return record(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# SLOT-Align: a client's Gaussian from its stats message
+# --------------------------------------------------------------------------------------------
+
+
+def client_gaussian(n, mean, covariance, shrinkage, class_names) -> GaussianStats:
+    """A client's Gaussian proxy from the arrays of its stats message, as the server holds it
+    for :func:`fedalign.align.make_reference`: n, mean and covariance in float64, the
+    shrinkage it reported, no moment sums (what :func:`fedalign.align.load_client_stats`
+    keeps of a stats file). The caller has checked the arrays (shapes, finite, SPD)."""
+    return GaussianStats(int(n), np.asarray(mean, float), np.asarray(covariance, float),
+                         float(shrinkage), None, list(class_names))
 
 
 # --------------------------------------------------------------------------------------------

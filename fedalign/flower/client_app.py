@@ -11,7 +11,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedalign.errors import FedalignError
+from fedalign.flower._lib import FedalignError
 from fedalign.flower import handlers
 from fedalign.flower.messages import Payload, from_recorddict, to_recorddict
 

@@ -28,7 +28,7 @@ STATE_ARRAYS = ("means", "variances", "label_logits", "alpha", "round", "rng_sta
 
 def compare_references(a, b, atol: float = 1e-8) -> tuple[bool, str]:
     """Max |Δ| of the barycenter mean and covariance of two reference files."""
-    from fedalign.files import read_npz
+    from fedalign.flower._lib import read_npz
 
     x, _ = read_npz(a, "reference")
     y, _ = read_npz(b, "reference")
@@ -87,7 +87,7 @@ def _same_arrays(x: dict, y: dict, keys) -> list:
 
 def compare_federations(a, b) -> tuple[bool, str]:
     """Two DeFed federation folders (``state/``, ``round_XXX/``): equal states and atoms."""
-    from fedalign.files import read_npz
+    from fedalign.flower._lib import read_npz
 
     a, b = Path(a), Path(b)
     problems, n_states, n_atoms, identical = [], 0, 0, 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.flower._lib import FedalignError
 
 #: Message types (``<category>.<action>``) the ClientApp answers.
 HELLO = "query.hello"
