@@ -1,7 +1,7 @@
 """The small option grammars both front ends read: seeds, head parameters, shrinkage, α, yes/no.
 
 The command line (:mod:`fedalign.cli.options`) and the Flower run config
-(:mod:`fedalign.flower.server_app`) read ``0-4`` seeds and ``METHOD.KEY=VALUE`` parameters
+(:mod:`fedalign.flower.settings`) read ``0-4`` seeds and ``METHOD.KEY=VALUE`` parameters
 through these functions, so the two cannot drift apart; ``flag`` names the option or config
 key in the one-line error. Pure Python (no numpy): ``fedalign --help`` stays fast.
 """
