@@ -630,6 +630,24 @@ def test_defed_bad_atoms_are_rejected_naming_the_node(fresh_sites):
         defed(grid, root, **{"min-clients": 3})
 
 
+def test_defed_start_without_any_good_node_is_one_clear_error(fresh_sites):
+    """Every node's round-0 reply an error: the run stops with the min-clients error naming
+    what was dropped, not a TypeError on the atoms shape no reply gave."""
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if mtype == m.DADIL_INIT:
+            p = m.from_recorddict(reply.content)
+            p.config["error"] = "planted: this node's init failed"
+            reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    with pytest.raises(FedalignError, match=r"DeFed start: 0 client\(s\) left.*planted"):
+        defed(grid, root, **{"min-clients": 1})
+
+
 def test_defed_refuses_states_of_other_federations_mixed(fresh_sites):
     root, nodes = fresh_sites
     defed(LoopbackGrid(nodes[:2]), root, rounds=1)
