@@ -73,7 +73,7 @@ def test_a_forward_like_loop_is_not_faulted_in_again_each_batch():
             prev = nxt
         del prev
 
-    def faults(batches=4):
+    def faults(batches=8):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(batches):
             batch()
@@ -84,5 +84,6 @@ def test_a_forward_like_loop_is_not_faulted_in_again_each_batch():
     with retain_freed_memory():
         batch(), batch()  # the heap grows (once, or twice when it held fragments)
         inside = faults()
-    assert outside > 200_000  # the four tensors over 32 MiB are 55,296 pages a batch
-    assert inside < outside / 10
+    pages = sum(4 * n for n in sizes if 4 * n > 2**25) // 4096 * 8  # 55,296 a batch, 8 batches
+    assert outside > pages / 2, (outside, pages)  # margin: a huge page or a threshold move
+    assert inside < outside / 10, (inside, outside)
