@@ -238,9 +238,14 @@ def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
     for X, y in sources:
         y = np.asarray(y, np.int64)
         lab = y >= 0
+        if not lab.any():
+            continue    # mapped with its domain, but it has no class statistics to send
         X = np.asarray(X, np.float64)
         msgs.append(fedcgs.client_update(X if lab.all() else X[lab], y if lab.all() else y[lab],
                                          n_classes, fedcgs.Config()))
+    if not msgs:
+        raise FedalignError("no source has a labeled row: no class statistics to estimate "
+                            "the target's classes from")
     ref, rec = completed_reference(gaussian_stats(X_target), msgs, X_target, n_classes)
     maps = client_maps([gaussian_stats(X) for X, _ in sources], ref,
                        domains=[f"source {k}" for k in range(len(sources))])

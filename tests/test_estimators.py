@@ -14,6 +14,7 @@ from sklearn.base import clone
 from sklearn.covariance import LedoitWolf
 from sklearn.exceptions import NotFittedError
 
+from fedalign.errors import FedalignError
 from fedalign.estimators import GMMDaDiLClassifier, SLOTAlign
 
 
@@ -245,6 +246,14 @@ def test_onto_target_uses_only_labeled_rows_for_the_class_statistics():
     assert [m.shape for m in mapped] == [s[0].shape for s in src]
     _, rec_lab = onto_target([(src[0][0][y0 >= 0], y0[y0 >= 0]), src[1]], X[sd == -1], 3)
     np.testing.assert_allclose(rec["priors"], rec_lab["priors"], rtol=1e-12)
+    # a source without any label is mapped but sends nothing; no label anywhere is an error
+    mapped, rec_none = onto_target([(src[0][0], np.full(len(y0), -1)), src[1]], X[sd == -1], 3)
+    assert len(mapped) == 2 and rec_none == onto_target([src[1]], X[sd == -1], 3)[1]
+    with pytest.raises(FedalignError, match="no source has a labeled row"):
+        onto_target([(src[0][0], np.full(len(y0), -1))], X[sd == -1], 3)
+    unl = np.where(sd == 2, -1, y)
+    with pytest.raises(ValueError, match="every source domain needs a labeled GMM"):
+        GMMDaDiLClassifier(components_per_class=1, n_iter=5).fit(X, unl, sample_domain=sd)
 
 
 def test_import_fedalign_loads_neither_sklearn_nor_torch():
