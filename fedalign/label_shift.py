@@ -231,18 +231,14 @@ def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
     record : the EM's record (:func:`target_reference`: priors, absent classes)
     """
     from fedalign.align import apply_map, client_maps
-    from fedalign.heads import fedcgs
+    from fedalign.heads.fedcgs import class_statistics
     from fedalign.stats import gaussian_stats
 
     msgs = []
     for X, y in sources:
-        y = np.asarray(y, np.int64)
-        lab = y >= 0
-        if not lab.any():
-            continue    # mapped with its domain, but it has no class statistics to send
-        X = np.asarray(X, np.float64)
-        msgs.append(fedcgs.client_update(X if lab.all() else X[lab], y if lab.all() else y[lab],
-                                         n_classes, fedcgs.Config()))
+        lab = np.asarray(y) >= 0
+        if lab.any():   # a source without labels is mapped but has no class statistics
+            msgs.append(class_statistics(np.asarray(X)[lab], np.asarray(y)[lab], n_classes))
     if not msgs:
         raise FedalignError("no source has a labeled row: no class statistics to estimate "
                             "the target's classes from")

@@ -345,7 +345,7 @@ def gaussian_from_moments(m: Moments, shrinkage="auto", source="statistics",
 def gaussian_stats(X: np.ndarray, shrinkage="auto", source="client statistics") -> GaussianStats:
     """:func:`gaussian_from_moments` of the rows X (n, d): a :class:`GaussianStats`."""
     X = np.asarray(X)
-    return gaussian_from_moments(Moments(X.shape[1]).update(X).finalize(), shrinkage, source)
+    return gaussian_from_moments(Moments(X.shape[1]).update(X), shrinkage, source)
 
 
 def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.heads.fedcgs import class_statistics  # noqa: F401 (FedCGS's message, re-exported)
 
 #: The shrinkage candidates (ridge r, shrinkage target) of :func:`choose_shrinkage`, in order.
 SHRINKAGE_GRID = tuple((r, t) for t in ("identity", "diagonal")
@@ -89,14 +90,6 @@ def _config(ridge: float, shrink_to: str):
     cfg = fedcgs.Config(covariance="within", ridge=float(ridge), shrink_to=shrink_to)
     cfg.validate()
     return cfg
-
-
-def class_statistics(X, y, n_classes: int) -> dict:
-    """FedCGS's message of labeled rows X (n, d), y (n,) int: counts, class sums, Σx, Σxxᵀ."""
-    from fedalign.heads import fedcgs
-
-    return fedcgs.client_update(np.asarray(X, np.float64), np.asarray(y, np.int64), n_classes,
-                                fedcgs.Config())
 
 
 def lda_from_statistics(messages: list, n_classes: int, ridge: float, shrink_to: str):

@@ -124,6 +124,12 @@ def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None
             "sum_x": sx, "sum_xx": sxx}
 
 
+def class_statistics(X, y, n_classes: int) -> dict:
+    """FedCGS's message (no DP) of labeled rows X (n, d), y (n,) int in [0, C): counts, class
+    sums, Σx, Σxxᵀ — what the DaDiL target's ``lda`` head and the label-shift EM sum."""
+    return client_update(np.asarray(X, np.float64), np.asarray(y, np.int64), n_classes, Config())
+
+
 def _dp_update(X, y, n_classes: int, spec, seed) -> dict:
     from fedalign.dp import Part, clip_rows, noise_rng, release
     from fedalign.stats import Moments
