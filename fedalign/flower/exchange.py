@@ -168,8 +168,8 @@ class Exchange:
 
     def require(self, good: dict, what: str) -> None:
         """Stop the run (FedalignError, with the last drops) when fewer than ``min-clients``
-        clients (and always when none) are left after ``what``."""
-        if len(good) < max(1, self.s.min_clients):
+        clients are left after ``what``."""
+        if len(good) < self.s.min_clients:
             lost = [w for w in self.warnings if "dropped" in w]
             raise lib.FedalignError(f"{what}: {len(good)} client(s) left, fewer than "
                                     f"min-clients={self.s.min_clients}"
