@@ -9,7 +9,7 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from fedalign.dadil import target_head as th
 from fedalign.dadil.evaluation import evaluate_target
 from fedalign.errors import FedalignError
-from fedalign.gmm import fit_gmm, map_predict
+from fedalign.gmm import fit_gmm, map_predict, train_head_from_gmm
 from fedalign.heads import fedcgs
 
 C, D = 3, 6
@@ -136,9 +136,43 @@ def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labe
     a, b = perm[: len(y0) // 2], perm[len(y0) // 2:]
     rows = th.target_rows(Xt, srcs, C)
     msgs = [th.class_statistics(X, y, C) for X, y in srcs[1:]]
-    msgs.append(th.class_statistics(X0[a], map_predict(gmms[0], X0[a]), C))
+    g_a = fit_gmm(X0[a], y0[a], 1, n_classes=C, seed=0)   # G_0 refitted on half A alone
+    msgs.append(th.class_statistics(X0[a], map_predict(g_a, X0[a]), C))
     head = th.lda_from_statistics(msgs, C, *rows.shrinkage)
     assert rule["lda"][0] == pytest.approx(np.mean(head.predict(X0[b]) == y0[b]))
+    lin = train_head_from_gmm(g_a, n_per_class=500, seed=0)
+    assert rule["linear"][0] == pytest.approx(np.mean(lin.predict(X0[b]) == y0[b]))
+
+
+def test_half_gmm_reuses_the_source_gmms_fit_options(data):
+    srcs, _, _ = data
+    X, y = srcs[1]
+    g = fit_gmm(X, y, 2, n_classes=C, seed=3, var_floor_rel=0.05, class_weights="prior")
+    half = th.half_gmm(g, X[:80], y[:80], C)
+    ref = fit_gmm(X[:80], y[:80], 2, n_classes=C, seed=3, var_floor_rel=0.05,
+                  class_weights="prior")
+    np.testing.assert_array_equal(half.means, ref.means)
+    np.testing.assert_array_equal(half.weights, ref.weights)
+    assert not np.array_equal(half.means, g.means)
+    fixed = fit_gmm(X, y, 2, n_classes=C, min_var=0.5)
+    np.testing.assert_array_equal(th.half_gmm(fixed, X[:80], y[:80], C).variances,
+                                  fit_gmm(X[:80], y[:80], 2, n_classes=C, min_var=0.5).variances)
+
+
+def test_head_rule_scores_the_linear_head_out_of_sample():
+    # labels that carry no signal: a GMM of many components per class memorises its rows, so
+    # a linear head on its samples scores far above chance on rows the GMM was fitted on; on
+    # the rule's half B (not fitted) it must score about chance
+    rng = np.random.default_rng(1)
+    srcs = [(rng.normal(size=(80, 40)), rng.integers(0, 2, 80)) for _ in range(3)]
+    Xt = rng.normal(size=(60, 40))
+    gmms = [fit_gmm(X, y, 10, n_classes=2, seed=0) for X, y in srcs]
+    inside = [np.mean(train_head_from_gmm(g, 500, 0).predict(X) == y)
+              for g, (X, y) in zip(gmms, srcs)]
+    rows = th.target_rows(Xt, srcs, 2)
+    th.choose_head(rows, gmms, srcs)
+    assert np.mean(inside) > 0.75
+    assert np.mean(rows.record["head_rule"]["linear"]) < 0.62   # 0.53 (in-sample: 0.80)
 
 
 def test_auto_head_bad_inputs(data):
@@ -153,3 +187,16 @@ def test_auto_head_bad_inputs(data):
     with pytest.raises(FedalignError, match="unlabeled"):
         th.choose_head(th.target_rows(Xt, srcs, C), [fit_gmm(X, None, 1, n_classes=C)
                                                      for X, _ in srcs], srcs)
+
+
+def test_head_rule_a_source_too_small_to_play_the_target_abstains(data):
+    srcs, Xt, _ = data
+    tiny = (srcs[0][0][:3], np.array([0, 1, 1]))      # half A: one row, one class
+    gmms = [fit_gmm(X, y, 1, n_classes=C, seed=0) for X, y in [tiny] + srcs[1:]]
+    rows = th.target_rows(Xt, [tiny] + srcs[1:], C)
+    th.choose_head(rows, gmms, [tiny] + srcs[1:])
+    rule = rows.record["head_rule"]
+    assert rule["abstained"] == [0] and len(rule["lda"]) == len(rule["linear"]) == 2
+    alone = th.target_rows(Xt, [tiny], C)
+    assert th.choose_head(alone, gmms[:1], [tiny]) == "lda"           # nobody scored: the tie
+    assert alone.record["head_rule"]["abstained"] == [0]

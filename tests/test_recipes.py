@@ -133,3 +133,61 @@ def test_both_recipes_run_on_a_new_dataset(mydata, tmp_path):
     assert sorted(p.name for p in (out / "mydata" / "results").glob("*.json")) == \
         [f"main_{d}_s0_m00.json" for d in "abc"]
     assert "## mydata" in (out / "RESULTS.md").read_text()
+
+
+def test_dadil_reproduction_runs_its_three_benchmarks_in_one_pool(tmp_path):
+    out = make(DADIL, "RESULTS.md", f"FEATURES={tmp_path}/f", f"WORK={tmp_path}/w").stdout
+    words = command_with(out, "run_lodo.py")
+    assert words.count("--and") == 2
+    groups, cur = [], []
+    for w in words[2:]:
+        (groups.append(cur), cur := []) if w == "--and" else cur.append(w)
+    groups.append(cur)
+    assert [flag(g, "--out") for g in groups] == [[f"{tmp_path}/w/runs/{d}"] for d in
+                                                   ("office_caltech10", "digits", "amazon_review")]
+    assert flag(groups[1], "--missing-targets") == ["usps"] and "--envelope" not in groups[2]
+    assert command_with(out, "make_results.py")[2:] == [f"{tmp_path}/w/runs", "."]
+
+
+def test_run_lodo_refuses_two_studies_writing_to_one_folder(mydata, tmp_path):
+    import sys
+
+    study = ["--features", str(mydata), "--domains", "a,b,c", "--out", str(tmp_path / "o")]
+    res = subprocess.run([sys.executable, str(DADIL / "run_lodo.py"), *study, "--and", *study],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "same --out" in res.stderr
+    assert not (tmp_path / "o").exists()
+    res = subprocess.run([sys.executable, str(DADIL / "run_lodo.py"), *study, "--and", *study[:-1],
+                          str(tmp_path / "p"), "--workers", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "agree on --workers" in res.stderr
+
+
+@pytest.mark.slow
+def test_two_studies_in_one_pool_write_their_own_results(mydata, tmp_path):
+    import json
+    import sys
+
+    other = tmp_path / "feats" / "other"
+    shutil.copytree(mydata, other)
+    runs = tmp_path / "runs"
+    common = ["--domains", "a,b,c", "--rounds", "2", "--local-steps", "1", "--seeds", "0",
+              "--missing", "0", "--missing-seeds", "0", "--workers", "1", "--no-peers"]
+    res = subprocess.run([sys.executable, str(DADIL / "run_lodo.py"), "--features", str(mydata),
+                          "--out", str(runs / "mydata"), *common, "--and", "--features",
+                          str(other), "--out", str(runs / "other"), *common],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    for name in ("mydata", "other"):
+        assert sorted(p.name for p in (runs / name / "results").glob("*.json")) == \
+            [f"main_{d}_s0_m00.json" for d in "abc"]
+        rec = json.loads((runs / name / "run_cpu.json").read_text())
+        assert rec["shared_pool"] == ["mydata", "other"]
+        r = json.loads((runs / name / "results" / "main_a_s0_m00.json").read_text())
+        assert 0 <= r["started_s"] <= r["wall_clock_s"]
+    res = subprocess.run([sys.executable, str(DADIL / "make_results.py"), str(runs), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "their jobs in one pool of worker processes" in md
+    assert "in a pool shared with other" in md

@@ -33,6 +33,13 @@ For every dataset, target domain T and seed s (and fraction m of target classes 
 Jobs run in ``--workers`` processes (one BLAS thread each); results go to
 OUT/results/<job>.json (existing ones are skipped: resumable). ``make_results.py`` turns them
 into RESULTS.md and plots; it reads the protocol from the results themselves.
+
+Several studies in one pool: ``run_lodo.py ARGS… --and ARGS… --and ARGS…`` parses every group
+as its own study (its own features, domains and OUT) and runs all their jobs in one pool of
+``--workers`` processes, in the order given, so that no worker waits idle between two studies
+(the reproduction's Makefile runs Office-Caltech10, Digits and Amazon review so). Every study's
+OUT/run_cpu.json then records the pool's wall clock and CPU time, and names the studies that
+shared it.
 """
 
 from __future__ import annotations
@@ -120,6 +127,7 @@ def run_job(a, job):
                                 load_state, simulate)
 
     limit_threads(1)
+    started = time.time()
     T, seed, m, kind = job["target"], job["seed"], job["missing"], job["kind"]
     out = Path(a.out)
     feats = Path(a.features)
@@ -208,6 +216,7 @@ def run_job(a, job):
         res["envelope"] = envelope_job(a, job, data, sources, src_gmm, gdir, X, y, tr, te, C,
                                        names, seed, gname)
     res["time"]["total"] = time.perf_counter() - t_all
+    res["started_epoch"] = started
     return res
 
 
@@ -269,8 +278,11 @@ def _worker_init():
     limit_threads(1)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Several studies in one pool of workers: ARGS --and ARGS --and ARGS "
+               "(module docstring).")
     ap.add_argument("--features", required=True, help="folder with <domain>.h5")
     ap.add_argument("--domains", required=True, help="comma list")
     ap.add_argument("--out", required=True)
@@ -299,6 +311,10 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keep-states", action="store_true",
                     help="copy the target's final states to OUT/states/ (for pictures)")
+    return ap
+
+
+def parse_study(ap, argv):
     a = ap.parse_args(argv)
     a.domains = parse_list(a.domains)
     a.targets = parse_list(a.targets) or a.domains
@@ -310,39 +326,76 @@ def main(argv=None):
                if not (Path(a.features) / f"{d}.h5").is_file()]
     if missing:
         ap.error("missing features file(s): " + ", ".join(missing))
-    out = Path(a.out)
-    (out / "results").mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs_for(a) if not (out / "results" / f"{j['name']}.json").exists()]
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    print(f"{len(todo)} jobs on {a.workers} workers → {out / 'results'}", flush=True)
-    with ProcessPoolExecutor(max_workers=a.workers, initializer=_worker_init) as ex:
-        futs = {ex.submit(run_job, a, j): j for j in todo}
+    return a
+
+
+def split_groups(argv) -> list:
+    """argv split at every ``--and``: one argument list per study."""
+    groups, cur = [], []
+    for tok in argv:
+        if tok == "--and":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(tok)
+    return groups + [cur]
+
+
+def main(argv=None):
+    import sys
+
+    ap = parser()
+    studies = [parse_study(ap, g) for g in split_groups(sys.argv[1:] if argv is None else argv)]
+    outs = [str(Path(a.out).resolve()) for a in studies]
+    if len(set(outs)) != len(outs):
+        ap.error("two studies write to the same --out")
+    workers = studies[0].workers
+    if any(a.workers != workers for a in studies):
+        ap.error("the studies of one pool must agree on --workers")
+    todo = []
+    for a in studies:
+        (Path(a.out) / "results").mkdir(parents=True, exist_ok=True)
+        todo += [(a, j) for j in jobs_for(a)
+                 if not (Path(a.out) / "results" / f"{j['name']}.json").exists()]
+    t0, e0, load0 = time.perf_counter(), time.time(), os.getloadavg()[0]
+    print(f"{len(todo)} jobs of {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} on "
+          f"{workers} workers → " + ", ".join(str(Path(a.out) / "results") for a in studies),
+          flush=True)
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as ex:
+        futs = {ex.submit(run_job, a, j): (a, j) for a, j in todo}
         for k, f in enumerate(as_completed(futs), 1):
-            j = futs[f]
+            a, j = futs[f]
             res = f.result()
             res["wall_clock_s"] = time.perf_counter() - t0
-            path = out / "results" / f"{j['name']}.json"
+            res["started_s"] = res.pop("started_epoch") - e0
+            path = Path(a.out) / "results" / f"{j['name']}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(res, indent=1, default=_jsonable))
             tmp.replace(path)
             summ = res.get("result", {}).get("summary", {})
             accs = ", ".join(f"{n} {100 * v['mean']:.1f}" for n, v in summ.items() if "map" not in n)
-            print(f"[{k}/{len(todo)} {time.perf_counter() - t0:.0f}s] {j['name']}: {accs} "
-                  f"({res['time']['total']:.0f}s)", flush=True)
+            print(f"[{k}/{len(todo)} {time.perf_counter() - t0:.0f}s] "
+                  f"{Path(a.out).name}/{j['name']}: {accs} ({res['time']['total']:.0f}s)",
+                  flush=True)
     wall = time.perf_counter() - t0
     print(f"done in {wall:.0f}s", flush=True)
-    write_cpu_record(out, wall, load0)
+    names = [Path(a.out).name for a in studies]
+    for a in studies:
+        write_cpu_record(Path(a.out), wall, load0, shared_with=names if len(names) > 1 else None)
 
 
-def write_cpu_record(out: Path, wall: float, load0: float) -> None:
+def write_cpu_record(out: Path, wall: float, load0: float, shared_with=None) -> None:
     """OUT/run_cpu.json: the worker processes' CPU seconds (getrusage of the joined children),
     the wall clock and the 1-minute load average at start and end: the CPU time, not the wall
-    clock, is what a quiet machine would need when other jobs share the cores."""
+    clock, is what a quiet machine would need when other jobs share the cores. With several
+    studies in one pool (``shared_with``: their OUT names) both are the whole pool's."""
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     rec = dict(cpu_s=ru.ru_utime + ru.ru_stime, wall_s=wall, load_start=load0,
                load_end=os.getloadavg()[0], cores=os.cpu_count())
+    if shared_with:
+        rec["shared_pool"] = list(shared_with)
     (out / "run_cpu.json").write_text(json.dumps(rec, indent=1))
 
 
