@@ -257,6 +257,29 @@ def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = No
                meta=dict(options, labeled=True, class_counts=counts.tolist(), fit=recs))
 
 
+#: The keyword arguments of :func:`fit_gmm` that it records in a GMM's ``meta``.
+FIT_OPTIONS = ("components_per_class", "n_classes", "class_weights", "min_var", "var_floor_rel",
+               "seed", "max_iter", "tol")
+
+
+def refit_gmm(gmm: GMM, X, y=None, **overrides) -> GMM:
+    """:func:`fit_gmm` on other rows with the options ``gmm`` was fitted with.
+
+    Parameters
+    ----------
+    gmm : a GMM whose ``meta`` holds :func:`fit_gmm`'s options (:data:`FIT_OPTIONS`; an option
+        it lacks takes ``fit_gmm``'s default)
+    X : (m, d) rows; y : (m,) labels or None, as in :func:`fit_gmm`
+    overrides : options given here win over the recorded ones
+
+    Returns
+    -------
+    GMM fitted on (X, y)
+    """
+    opts = {k: gmm.meta[k] for k in FIT_OPTIONS if k in (gmm.meta or {})}
+    return fit_gmm(X, y, **{**opts, **overrides})
+
+
 # --------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------

@@ -144,21 +144,6 @@ def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labe
     assert rule["linear"][0] == pytest.approx(np.mean(lin.predict(X0[b]) == y0[b]))
 
 
-def test_half_gmm_reuses_the_source_gmms_fit_options(data):
-    srcs, _, _ = data
-    X, y = srcs[1]
-    g = fit_gmm(X, y, 2, n_classes=C, seed=3, var_floor_rel=0.05, class_weights="prior")
-    half = th.half_gmm(g, X[:80], y[:80], C)
-    ref = fit_gmm(X[:80], y[:80], 2, n_classes=C, seed=3, var_floor_rel=0.05,
-                  class_weights="prior")
-    np.testing.assert_array_equal(half.means, ref.means)
-    np.testing.assert_array_equal(half.weights, ref.weights)
-    assert not np.array_equal(half.means, g.means)
-    fixed = fit_gmm(X, y, 2, n_classes=C, min_var=0.5)
-    np.testing.assert_array_equal(th.half_gmm(fixed, X[:80], y[:80], C).variances,
-                                  fit_gmm(X[:80], y[:80], 2, n_classes=C, min_var=0.5).variances)
-
-
 def test_head_rule_scores_the_linear_head_out_of_sample():
     # labels that carry no signal: a GMM of many components per class memorises its rows, so
     # a linear head on its samples scores far above chance on rows the GMM was fitted on; on

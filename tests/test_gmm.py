@@ -12,7 +12,7 @@ from fedalign.cli import app
 from fedalign.errors import FedalignError
 from fedalign.files import write_npz
 from fedalign.gmm import (GMM, fit_gmm, load_gmm, log_likelihood, map_predict, predict_proba,
-                          sample_gmm, save_gmm, score_samples, train_head_from_gmm)
+                          refit_gmm, sample_gmm, save_gmm, score_samples, train_head_from_gmm)
 
 runner = CliRunner()
 
@@ -200,3 +200,20 @@ def test_cli_fit_gmm_prior_weights_reports_k_as_c_times_k(feature_file, tmp_path
                             "--class-weights", "prior"])
     assert r.exit_code == 0, r.output
     assert "K=6" in r.stderr and "C·k = 2·3" in r.stderr and load_gmm(out).K == 6
+
+
+def test_refit_gmm_reuses_the_recorded_fit_options():
+    rng = np.random.default_rng(4)
+    y = np.arange(150) % 3
+    X = rng.normal(size=(150, 6)) + 3.0 * np.eye(3, 6)[y]
+    g = fit_gmm(X, y, 2, n_classes=3, seed=3, var_floor_rel=0.05, class_weights="prior")
+    half = refit_gmm(g, X[:80], y[:80])
+    ref = fit_gmm(X[:80], y[:80], 2, n_classes=3, seed=3, var_floor_rel=0.05,
+                  class_weights="prior")
+    np.testing.assert_array_equal(half.means, ref.means)
+    np.testing.assert_array_equal(half.weights, ref.weights)
+    assert not np.array_equal(half.means, g.means)
+    fixed = fit_gmm(X, y, 2, n_classes=3, min_var=0.5)
+    np.testing.assert_array_equal(refit_gmm(fixed, X[:80], y[:80]).variances,
+                                  fit_gmm(X[:80], y[:80], 2, n_classes=3, min_var=0.5).variances)
+    assert refit_gmm(g, X[:80], y[:80], n_classes=4).n_classes == 4     # an override wins

@@ -210,34 +210,6 @@ class TargetRows:
         return TargetHead(head, ridge, shrink_to, record)
 
 
-#: The options of :func:`fedalign.gmm.fit_gmm` that :func:`choose_head` takes from a source
-#: GMM's ``meta`` to refit it on half of its rows.
-GMM_FIT_OPTIONS = ("components_per_class", "class_weights", "min_var", "var_floor_rel", "seed",
-                   "max_iter", "tol")
-
-
-def half_gmm(gmm, X, y, n_classes: int):
-    """Source i's labeled GMM refitted on some of its rows, with ``gmm``'s own fit options.
-
-    Parameters
-    ----------
-    gmm : the source's labeled :class:`fedalign.gmm.GMM`; the options of
-        :data:`GMM_FIT_OPTIONS` found in ``gmm.meta`` are reused (the rest: ``fit_gmm``'s
-        defaults)
-    X : (m, d) rows; y : (m,) their labels in [0, n_classes)
-
-    Returns
-    -------
-    :class:`fedalign.gmm.GMM` fitted on (X, y)
-    """
-    from fedalign.gmm import fit_gmm
-
-    opts = {k: gmm.meta[k] for k in GMM_FIT_OPTIONS if k in (gmm.meta or {})}
-    if opts.get("min_var") is None:
-        opts.pop("min_var", None)
-    return fit_gmm(X, y, n_classes=int(n_classes), **opts)
-
-
 def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_class: int = 500,
                 seed: int = 0) -> str:
     """``lda`` or ``linear`` by leave-one-source-domain-out (module docstring, step 5).
@@ -247,7 +219,8 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
     rows : the target's :class:`TargetRows` (its sources' messages, in ``sources``' order,
         and its shrinkage); ``rows.choice`` and ``rows.record["head_rule"]`` are set
     source_gmms : the sources' labeled GMMs, fitted on ``sources`` (same coordinates): their
-        fit options (``meta``) are those of the half-A GMMs the rule fits (:func:`half_gmm`)
+        fit options (``meta``) are those of the half-A GMMs the rule fits
+        (:func:`fedalign.gmm.refit_gmm`)
     sources : list of (X_i (n_i, d), y_i (n_i,)) labeled source domains; a source whose
         half A holds fewer than 2 classes abstains (``abstained`` in the record); none left:
         ``lda`` (the tie)
@@ -257,7 +230,7 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
     -------
     the chosen head's name
     """
-    from fedalign.gmm import map_predict, train_head_from_gmm
+    from fedalign.gmm import map_predict, refit_gmm, train_head_from_gmm
 
     if len(source_gmms) != len(sources) or len(sources) != len(rows.messages):
         raise FedalignError(f"the head rule needs one labeled GMM per source: "
@@ -274,7 +247,7 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
         if len(np.unique(y[a])) < 2:    # too few rows to play the target: it abstains
             skipped.append(i)
             continue
-        g_a = half_gmm(g, X[a], y[a], rows.n_classes)     # half B is out of sample for both
+        g_a = refit_gmm(g, X[a], y[a], n_classes=rows.n_classes)   # B: out of sample for both
         head = train_head_from_gmm(g_a, n_per_class=int(n_per_class), seed=int(seed))
         lin.append(float(np.mean(head.predict(X[b]) == y[b])))
         msgs = [m for j, m in enumerate(rows.messages) if j != i]
