@@ -112,6 +112,24 @@ def test_single_source_falls_back_to_kfold_and_one_c_skips_cv():
         source_only_classifier([(np.zeros((4, 2)), -np.ones(4, int))])
 
 
+def test_a_fitted_source_only_is_reused_only_where_no_seed_enters(monkeypatch):
+    srcs = [shortcut_domain(i, 40 + i) for i in range(3)]
+    Xt, yt = shortcut_domain(0, 7, n=120)
+    fresh = evaluate_target(Xt, yt, sources=srcs, seeds=[0, 1])
+    given = source_only_classifier(srcs)
+    calls = []
+    monkeypatch.setattr("fedalign.dadil.evaluation.source_only_classifier",
+                        lambda *a, **k: calls.append(a) or given)
+    reused = evaluate_target(Xt, yt, sources=srcs, seeds=[0, 1], source_only=given)
+    assert calls == []                      # no fit: the given classifier scored every seed
+    assert reused.accuracy[SOURCE_ONLY] == fresh.accuracy[SOURCE_ONLY]
+    assert reused.records[SOURCE_ONLY] == fresh.records[SOURCE_ONLY]
+    one = [correlated_domain(3)]            # one source: k-fold CV, a fit per seed
+    with pytest.raises(FedalignError, match="does not depend on the seed"):
+        evaluate_target(*correlated_domain(4, n=60), sources=one, seeds=[0],
+                        source_only=source_only_classifier(one))
+
+
 # --------------------------------------------------------------------------------------------
 # Oracle, accuracy, heads
 # --------------------------------------------------------------------------------------------

@@ -191,3 +191,22 @@ def test_two_studies_in_one_pool_write_their_own_results(mydata, tmp_path):
     md = (tmp_path / "RESULTS.md").read_text()
     assert "their jobs in one pool of worker processes" in md
     assert "in a pool shared with other" in md
+
+
+def test_run_lodo_fits_source_only_once_per_target_for_every_seed(mydata):
+    import sys
+
+    from fedalign.dadil.classifiers import source_only_classifier
+    from fedalign.files import read_features
+
+    sys.path.insert(0, str(DADIL))
+    try:
+        import run_lodo
+    finally:
+        sys.path.remove(str(DADIL))
+    first = run_lodo.source_only_fit(str(mydata), 0, ("a", "b", "c"), "a")
+    assert run_lodo.source_only_fit(str(mydata), 0, ("a", "b", "c"), "a") is first
+    rows = [read_features(mydata / f"{d}.h5")[:2] for d in "bc"]
+    _, rec = source_only_classifier([(X.astype(float), y) for X, y in rows])
+    assert first[1] == rec and rec["cv"] == "leave-one-source-domain-out"
+    assert run_lodo.source_only_fit(str(mydata), 0, ("a", "b"), "a") is None  # one source: k-fold

@@ -81,6 +81,20 @@ def load_domain(path: str, subsample: int):
     return X.astype(np.float64), y, list(info["class_names"])
 
 
+@functools.lru_cache(maxsize=None)
+def source_only_fit(features: str, subsample: int, domains: tuple, target: str):
+    """Source-only's fitted classifier for ``target`` (every other domain, all its rows: the
+    same for every seed), fitted once per worker process and target
+    (:func:`fedalign.dadil.classifiers.source_only_classifier`), or None where its fit depends
+    on the seed (one source)."""
+    from fedalign.dadil.classifiers import source_only_classifier
+    from fedalign.dadil.evaluation import seed_free_source_only
+
+    sources = [load_domain(str(Path(features) / f"{d}.h5"), subsample)[:2]
+               for d in domains if d != target]
+    return source_only_classifier(sources) if seed_free_source_only(len(sources)) else None
+
+
 def split_target(y, C, seed, m):
     """(adaptation rows, test rows, dropped classes) of the target for seed and fraction m."""
     from fedalign.partition import stratified_split
@@ -186,6 +200,7 @@ def run_job(a, job):
         Xl, yl, _ = data[T]
         oracle = _gmm(gdir / f"{T}.oracle.gmm.npz", Xl[tr], yl[tr], a, C, seed, names)
         kw = dict(sources=[raw[d] for d in sources], oracle_gmm=oracle,
+                  source_only=source_only_fit(a.features, a.subsample, tuple(a.domains), T),
                   source_gmms=[src_gmm[d] for d in sources], target_gmm=tgt,
                   dictionary_kwargs=dict(n_atoms=a.n_atoms, n_iter=a.rounds * a.local_steps,
                                          init=pre["init"], var_floor_rel=pre["var_floor_rel"],

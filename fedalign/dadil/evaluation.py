@@ -132,7 +132,7 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
                     source_only_Cs=SOURCE_ONLY_CS, source_only_cv: str = "lodo",
                     dictionary_kwargs: dict | None = None, progress=None, target_adapt=None,
                     head_sources=None, shrinkage=None,
-                    head_source_gmms=None) -> TargetResult:
+                    head_source_gmms=None, source_only=None) -> TargetResult:
     """Score every available method on one target domain's labeled test split.
 
     Methods (each only when its inputs are given), in this order:
@@ -163,6 +163,11 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     oracle_gmm : the target's GMM fitted with its adaptation-split labels
     n_per_class : samples per class of the linear head
     source_only_Cs, source_only_cv : grid and scheme of :func:`source_only_classifier`
+    source_only : (predict, record) of :func:`source_only_classifier` already fitted on
+        ``sources`` with that grid and scheme (another seed's split of the same target needs
+        the same model: ``examples/dadil/run_lodo.py`` fits it once per target and worker);
+        used for every seed instead of a fit; only where the fit does not depend on the seed
+        (leave-one-domain-out with ≥ 2 sources, or one C)
     dictionary_kwargs : keyword arguments of :func:`fedalign.dadil.dictionary.learn_dictionary`
     progress : optional callable(k), advanced once per (method, seed)
     target_adapt, head_sources, shrinkage : the ``lda`` head's (m, d) unlabeled target rows,
@@ -200,7 +205,7 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     rows = _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
                         head_source_gmms, n_per_class)
     if sources:
-        _source_only_row(res, X, y, sources, source_only_Cs, source_only_cv, tick)
+        _source_only_row(res, X, y, sources, source_only_Cs, source_only_cv, tick, source_only)
     gmm_row = dict(res=res, X=X, y=y, classifiers=classifiers, n_per_class=n_per_class, tick=tick,
                    rows=rows)
     if oracle_gmm is not None:
@@ -275,10 +280,14 @@ def _check_inputs(X, y, n_classes, sources, states, source_gmms, target_gmm, ora
     return C
 
 
-def _source_only_row(res, X, y, sources, Cs, cv, tick) -> None:
-    """The source-only row: one fit when the CV does not depend on the seed, else one per seed."""
-    seed_free = (cv == "lodo" and len(sources) > 1) or len(np.atleast_1d(Cs)) == 1
-    fitted, accs = {}, []
+def _source_only_row(res, X, y, sources, Cs, cv, tick, given=None) -> None:
+    """The source-only row: one fit (or ``given``'s) when the CV does not depend on the seed,
+    else one per seed."""
+    seed_free = seed_free_source_only(len(sources), Cs, cv)
+    if given is not None and not seed_free:
+        raise FedalignError("a fitted source-only classifier can be reused only where its fit "
+                            "does not depend on the seed (leave-one-domain-out, ≥ 2 sources)")
+    fitted, accs = ({0: tuple(given)} if given is not None else {}), []
     for s in res.seeds:
         key = 0 if seed_free else s
         if key not in fitted:
@@ -290,6 +299,12 @@ def _source_only_row(res, X, y, sources, Cs, cv, tick) -> None:
     if len(fitted) > 1:  # k-fold CV: the folds (so C) depend on the seed
         rec["C_per_seed"] = [fitted[s][1]["C"] for s in res.seeds]
     res.records[SOURCE_ONLY] = rec
+
+
+def seed_free_source_only(n_sources: int, Cs=SOURCE_ONLY_CS, cv: str = "lodo") -> bool:
+    """Whether :func:`source_only_classifier`'s fit is the same for every seed: leave-one-
+    domain-out CV with ≥ 2 sources, or a single C (no CV)."""
+    return (cv == "lodo" and n_sources > 1) or len(np.atleast_1d(Cs)) == 1
 
 
 def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick, rows=None) -> None:
