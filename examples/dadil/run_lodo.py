@@ -19,7 +19,8 @@ For every dataset, target domain T and seed s (and fraction m of target classes 
 3. Rows, all scored on T's test part by ``fedalign.dadil.evaluation.evaluate_target`` (the one
    evaluation path of ``fedalign evaluate -m dadil`` and ``fedalign dadil-evaluate``), each
    GMM-based row with the linear head (500 samples per class of the barycenter) and MAP:
-   source-only (C by leave-one-source-domain-out CV), oracle labeled-target GMM, centralized
+   source-only (C by leave-one-source-domain-out CV; the same model for every seed, so fitted
+   once per target and worker process: :func:`source_only_fit`), oracle labeled-target GMM, centralized
    GMM-DaDiL (``learn_dictionary``, R·E steps), DeFed replacement and DeFed aggregation
    (``fedalign.dadil.simulation.simulate`` in memory: the files of ``fedalign dadil-round``,
    byte for byte, written after the last round),
