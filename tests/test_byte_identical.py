@@ -12,8 +12,8 @@ of a float: :func:`_platform` names what does): the record keeps one set per pla
 and the files must equal one set entirely — the set recorded for this platform when there is
 one. On a platform never recorded (a CPU without AVX-512 gives other exp/log bits in the GMM
 fits) the test checks what it can without a record: the same files, and the same bytes on a
-second run of the federation, with a warning naming the platform. On another machine, ``FEDALIGN_UPDATE_BYTE_IDENTICAL=1 python -m pytest -q
-tests/test_byte_identical.py`` adds its set — only from a commit whose outputs are known to
+second run of the federation, with a warning naming the platform. On another machine,
+``FEDALIGN_UPDATE_BYTE_IDENTICAL=1 python -m pytest -q tests/test_byte_identical.py`` adds its set — only from a commit whose outputs are known to
 be unchanged (say so in the commit); after a deliberate format change, delete the old sets.
 """
 
@@ -94,7 +94,7 @@ def _hashes(root: Path) -> dict:
 def test_fixed_federation_files_are_byte_identical(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _federation()
-    got = _hashes(tmp_path)
+    got, here = _hashes(tmp_path), _platform()
     record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     sets = [(None, record.get("files", {}))] + [(p.get("platform"), p["files"])
                                                 for p in record.get("other_platforms", [])]
@@ -108,28 +108,33 @@ def test_fixed_federation_files_are_byte_identical(tmp_path, monkeypatch):
         if not record.get("files"):
             record["files"] = got
         else:
-            record.setdefault("other_platforms", []).append(dict(platform=_platform(), files=got))
+            record.setdefault("other_platforms", []).append(dict(platform=here, files=got))
         RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        sets.append((_platform(), got))
-    want = min((f for _, f in sets), key=lambda w: sum(got.get(f) != h for f, h in w.items()))
+        sets.append((here, got))
+    want = _closest(got, [f for _, f in sets])
     assert sorted(got) == sorted(want), "the federation wrote other files than recorded"
     if got == want:
         return
-    mine = [f for plat, f in sets if plat == _platform()]
+    mine = [f for plat, f in sets if plat == here]
     if not mine:    # a platform never recorded: its own bytes must at least repeat
         again = tmp_path / "again"
         again.mkdir()
         monkeypatch.chdir(again)
         _federation()
         assert _hashes(again) == got, "the same federation wrote other bytes on a second run"
-        warnings.warn(f"no byte-identical record for this platform ({_platform()}): checked "
+        warnings.warn(f"no byte-identical record for this platform ({here}): checked "
                       "that its own files repeat, not that they equal a recorded platform's; "
                       "FEDALIGN_UPDATE_BYTE_IDENTICAL=1 adds its set (module docstring)")
         return
-    want = min(mine, key=lambda w: sum(got.get(f) != h for f, h in w.items()))
+    want = _closest(got, mine)
     moved = [f for f in want if got[f] != want[f]]
     assert not moved, (f"{len(moved)} of {len(want)} files changed bytes against this "
                        f"platform's record, first: {moved[:5]}")
+
+
+def _closest(got: dict, sets: list) -> dict:
+    """The recorded set with the fewest files whose hash differs from ``got``'s."""
+    return min(sets, key=lambda w: sum(got.get(f) != h for f, h in w.items()))
 
 
 def _platform() -> str:

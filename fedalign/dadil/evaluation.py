@@ -286,7 +286,8 @@ def _source_only_row(res, X, y, sources, Cs, cv, tick, given=None) -> None:
     seed_free = seed_free_source_only(len(sources), Cs, cv)
     if given is not None and not seed_free:
         raise FedalignError("a fitted source-only classifier can be reused only where its fit "
-                            "does not depend on the seed (leave-one-domain-out, ≥ 2 sources)")
+                            "does not depend on the seed (leave-one-domain-out with ≥ 2 sources, "
+                            "or one C)")
     fitted, accs = ({0: tuple(given)} if given is not None else {}), []
     for s in res.seeds:
         key = 0 if seed_free else s
