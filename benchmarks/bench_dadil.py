@@ -6,6 +6,8 @@ d = 1280, C = 10 classes × 5 components (K = 50), A = 3 atoms, 4 clients (3 lab
 - one local Adam step (source SMW2², target MW2²) and E of them;
 - the aggregation (3 labeled barycenters of 3 versions) and the replacement;
 - state + atoms file I/O;
+- the barycenter's fixed point in its Gram form against the same iteration in feature space
+  (``direct_plans``, the form before it): the ratio, and whether the plans are the same;
 - a whole in-process federation of 4 clients × R rounds (``fedalign.dadil.simulation.simulate``), the
   same files the CLI writes, and one ``fedalign dadil-round`` subprocess (import included).
 
@@ -40,6 +42,49 @@ def synthetic_gmms(folder, d=1280, C=10, k=5, n_clients=4, seed=0):
                  GMM(np.full(K, 1 / K), m, v, labels, [f"c{c}" for c in range(C)]))
         paths[name] = Path(folder) / f"{name}.gmm.npz"
     return paths
+
+
+def direct_plans(alpha, M, S, L, KB, tol=1e-6, max_iter=50):
+    """The fixed point of :func:`fedalign.dadil.barycenter.barycenter_plans` with B held as
+    (K_B, d) means and stds and its cost formed in feature space every iteration."""
+    from fedalign.dadil.barycenter import project
+    from fedalign.dadil.distances import emd_plan, sq_dist
+
+    A, K, d = M.shape
+    X = np.concatenate([M, S], -1).reshape(A * K, 2 * d)
+    idx = np.arange(KB) % K
+    mB, sB = np.einsum("a,ajd->jd", alpha, M[:, idx]), np.einsum("a,ajd->jd", alpha, S[:, idx])
+    LB = np.eye(L.shape[2])[np.arange(KB) % L.shape[2]]
+    last = None
+    for _ in range(max_iter):
+        XB = np.concatenate([mB, sB], -1)
+        cost = np.maximum(sq_dist(X, XB), 0).reshape(A, K, KB)
+        plans = np.stack([emd_plan(np.full(K, 1 / K), np.full(KB, 1 / KB),
+                                   cost[a] + cost[a].max() * sq_dist(L[a], LB))
+                          for a in range(A)])
+        if last is not None and np.array_equal(plans, last):
+            break
+        m2, s2, L2 = project(alpha, plans, M, S, L, KB)
+        num = ((m2 - mB) ** 2).sum() + ((s2 - sB) ** 2).sum() + ((L2 - LB) ** 2).sum()
+        den = (m2**2).sum() + (s2**2).sum() + (L2**2).sum()
+        mB, sB, LB, last = m2, s2, L2, plans
+        if np.sqrt(num / den) <= tol:
+            break
+    return plans
+
+
+def bench_fixed_point(st) -> None:
+    """Gram form (:func:`~fedalign.dadil.barycenter.barycenter_plans`) against
+    :func:`direct_plans` on one client's atoms, one after the other in this process."""
+    from fedalign.dadil.barycenter import barycenter_plans, softmax
+
+    M, S, L = st.means, np.sqrt(st.variances), softmax(st.label_logits)
+    alpha, KB = st.alpha, M.shape[1]
+    t_gram = timeit(lambda: barycenter_plans(alpha, M, S, L, KB), repeat=5)
+    t_direct = timeit(lambda: direct_plans(alpha, M, S, L, KB), repeat=5)
+    same = np.array_equal(barycenter_plans(alpha, M, S, L, KB)[0], direct_plans(alpha, M, S, L, KB))
+    print(f"  barycenter fixed point: Gram form {t_gram * 1e3:.1f} ms, feature-space form "
+          f"{t_direct * 1e3:.1f} ms (ratio {t_direct / t_gram:.2f}×; same plans: {same})")
 
 
 def timeit(fn, repeat=3):
@@ -86,6 +131,7 @@ def main():
     print(f"  local step: source {t_src * 1e3:.0f} ms, target {t_tgt * 1e3:.0f} ms")
     print(f"  aggregation (3 barycenters of 3 versions): {t_agg * 1e3:.0f} ms; "
           f"replacement {t_rep * 1e3:.2f} ms; state+atoms I/O {t_io * 1e3:.0f} ms")
+    bench_fixed_point(st_s)
     per_round = {s: E * (3 * t_src + t_tgt) / 4 + t_io + c
                  for s, c in (("aggregation", t_agg), ("replacement", t_rep), ("none", 0.0))}
     for s, v in per_round.items():

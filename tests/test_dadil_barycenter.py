@@ -164,10 +164,26 @@ def test_feature_cost_of_a_point_to_itself_is_exactly_zero():
 
     rng = np.random.default_rng(1)
     M, S = rng.normal(size=(2, 3, 4)), rng.uniform(0.1, 1, size=(2, 3, 4))
-    C = _Features(M, S).cost(M[0], S[0])
+    Q = np.zeros((6, 3))                   # B = atom 0's components: Xᴮ = Qᵀ X
+    Q[np.arange(3), np.arange(3)] = 1.0
+    C = _Features(M, S).cost(Q)
     assert C.shape == (2, 3, 3) and np.all(np.diag(C[0]) == 0.0) and np.all(C >= 0.0)
     brute = ((M[1][:, None] - M[0][None]) ** 2).sum(-1) + ((S[1][:, None] - S[0][None]) ** 2).sum(-1)
     assert np.allclose(C[1], brute, rtol=1e-10)
+
+
+def test_feature_cost_of_a_weighted_barycenter_is_the_brute_force_one():
+    """The Gram form's cost of Xᴮ = Qᵀ X equals the cost formed in feature space."""
+    from fedalign.dadil.barycenter import _Features
+
+    rng = np.random.default_rng(2)
+    M, S = rng.normal(size=(3, 4, 7)), rng.uniform(0.1, 1, size=(3, 4, 7))
+    Q = rng.dirichlet(np.ones(12), size=5).T                       # (A·K, K_B), K_B = 5
+    f = _Features(M, S)
+    mB, sB = Q.T @ M.reshape(12, 7), Q.T @ S.reshape(12, 7)
+    brute = ((M[..., None, :] - mB) ** 2).sum(-1) + ((S[..., None, :] - sB) ** 2).sum(-1)
+    assert np.allclose(f.cost(Q), brute, rtol=1e-10, atol=1e-12)
+    assert np.isclose(f.sq_norm(Q), (mB**2).sum() + (sB**2).sum(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("bad", ["means2d", "variances", "labels2d", "labels_k", "alpha"])

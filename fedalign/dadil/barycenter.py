@@ -52,28 +52,41 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 
 class _Features:
-    """The atoms' (mean, std) rows stacked once, (A·K, 2d), with their squared norms: the
-    feature cost to any B is then one product per fixed-point iteration."""
+    """The atoms' (mean, std) rows X (A·K, 2d) held as their Gram matrix G = X Xᵀ.
+
+    Every B the fixed point visits is a weighted sum of the atoms' rows, Xᴮ = Qᵀ X with
+    Q (A·K, K_B): the start (α_a at row (a, j mod K) of column j) and every projection
+    (Q = K_B α_a π_a, stacked). Its feature cost is then
+    ‖x_i − xᴮ_j‖² = G_ii + (QᵀGQ)_jj − 2 (GQ)_ij, one (A·K)² K_B product per iteration instead
+    of an (A·K) K_B · 2d one (d = 1,280, A·K = 150 on the reproduction's features: 17× fewer
+    operations), and nothing of size d is formed inside the loop.
+    """
 
     def __init__(self, means, stds):
         A, K, d = means.shape
         self.shape = (A, K)
-        self.X = np.concatenate([means, stds], -1).reshape(A * K, 2 * d)
-        self.nx = (self.X * self.X).sum(1)
+        X = np.concatenate([means, stds], -1).reshape(A * K, 2 * d)
+        self.G = X @ X.T
+        self.nx = np.diag(self.G).copy()
 
-    def cost(self, mB, sB) -> np.ndarray:
-        """(A, K, K_B) costs ‖m_ai − mᴮ_j‖² + ‖s_ai − sᴮ_j‖², clipped at 0."""
-        XB = np.concatenate([mB, sB], -1)
-        C = self.nx[:, None] + (XB * XB).sum(1)[None, :] - 2.0 * (self.X @ XB.T)
-        return np.maximum(C, 0.0).reshape(*self.shape, XB.shape[0])
+    def cost(self, Q) -> np.ndarray:
+        """(A, K, K_B) costs ‖m_ai − mᴮ_j‖² + ‖s_ai − sᴮ_j‖² of Xᴮ = Qᵀ X, clipped at 0."""
+        GQ = self.G @ Q
+        C = self.nx[:, None] + (Q * GQ).sum(0)[None, :] - 2.0 * GQ
+        return np.maximum(C, 0.0).reshape(*self.shape, Q.shape[1])
+
+    def sq_norm(self, Q) -> float:
+        """‖Qᵀ X‖²_F = tr(Qᵀ G Q)."""
+        return float((Q * (self.G @ Q)).sum())
 
 
-def _plans(feats: _Features, labels, mB, sB, LB, label_term: bool) -> np.ndarray:
-    """OT plans (A, K, K_B) from every atom (uniform weights) to B (uniform weights)."""
+def _plans(feats: _Features, labels, Q, LB, label_term: bool) -> np.ndarray:
+    """OT plans (A, K, K_B) from every atom (uniform weights) to B = (Qᵀ X, LB) (uniform
+    weights)."""
     A, K = feats.shape
-    KB = mB.shape[0]
+    KB = Q.shape[1]
     wa, wb = np.full(K, 1.0 / K), np.full(KB, 1.0 / KB)
-    cost = feats.cost(mB, sB)
+    cost = feats.cost(Q)
     plans = np.empty((A, K, KB))
     for a in range(A):
         C = cost[a]
@@ -81,6 +94,12 @@ def _plans(feats: _Features, labels, mB, sB, LB, label_term: bool) -> np.ndarray
             C = C + C.max() * sq_dist(labels[a], LB)
         plans[a] = emd_plan(wa, wb, C)
     return plans
+
+
+def _weights(alpha, plans) -> np.ndarray:
+    """Q (A·K, K_B) of the projection Xᴮ = K_B Σ_a α_a π_aᵀ X_a = Qᵀ X."""
+    A, K, KB = plans.shape
+    return (plans * (alpha[:, None, None] * KB)).reshape(A * K, KB)
 
 
 def project(alpha, plans, means, stds, labels, KB):
@@ -108,25 +127,27 @@ def barycenter_plans(alpha, M, S, L, n_components: int, tol: float = 1e-6, max_i
     _check_count(max_iter, "max_iter")
     if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol >= 0):
         raise FedalignError(f"tol must be a finite number ≥ 0, got {tol!r}")
-    idx = np.arange(KB) % K
-    mB = np.einsum("a,ajd->jd", alpha, M[:, idx])
-    sB = np.einsum("a,ajd->jd", alpha, S[:, idx])
+    Q = np.zeros((A * K, KB))                   # the start: Σ_a α_a X_a[j mod K]
+    for a in range(A):
+        Q[a * K + np.arange(KB) % K, np.arange(KB)] = alpha[a]
     LB = np.zeros((KB, C))
     LB[np.arange(KB), np.arange(KB) % C] = 1.0
+    Lf = L.reshape(A * K, C)
     it, rel, plans, last = 0, float("inf"), None, None
     feats = _Features(M, S)
     for it in range(1, max_iter + 1):
-        plans = _plans(feats, L, mB, sB, LB, label_term)
+        plans = _plans(feats, L, Q, LB, label_term)
         if last is not None and np.array_equal(plans, last):
             rel = 0.0          # same plans → same projection: the fixed point is reached
             break
-        m2, s2, L2 = project(alpha, plans, M, S, L, KB)
-        num = ((m2 - mB) ** 2).sum() + ((s2 - sB) ** 2).sum() + ((L2 - LB) ** 2).sum()
-        den = (m2**2).sum() + (s2**2).sum() + (L2**2).sum()
+        Q2 = _weights(alpha, plans)
+        L2 = Q2.T @ Lf
+        num = feats.sq_norm(Q2 - Q) + ((L2 - LB) ** 2).sum()
+        den = feats.sq_norm(Q2) + (L2**2).sum()
         rel = float(np.sqrt(num / max(den, 1e-300)))
-        mB, sB, LB, last = m2, s2, L2, plans
+        Q, LB, last = Q2, L2, plans
         if rel <= tol:
-            plans = _plans(feats, L, mB, sB, LB, label_term)
+            plans = _plans(feats, L, Q, LB, label_term)
             break
     return plans, dict(iterations=it, rel_change=rel, converged=rel <= tol)
 
