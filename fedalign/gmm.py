@@ -297,6 +297,33 @@ def save_gmm(path, gmm: GMM, meta: dict | None = None):
     return write_npz(path, "gmm", arrays, {**gmm.meta, **(meta or {})})
 
 
+def fit_gmm_file(features, output, components_per_class: int = 5, *, unlabeled: bool = False,
+                 n_classes: int | None = None, producer: str = "fedalign fit-gmm", source=None,
+                 **fit_options) -> GMM:
+    """``fedalign fit-gmm``: the :class:`GMM` of a features file (rows (n, d), labels, class
+    names), written to ``output`` (joining an open :func:`fedalign.files.atomic_outputs`).
+
+    ``components_per_class``, ``n_classes``, ``fit_options``: :func:`fit_gmm`'s; ``unlabeled``
+    ignores the labels; ``producer`` and ``source`` (the path to record when ``features`` is a
+    transaction's temporary of it) go into the meta with the features' SHA-256. A labeled fit
+    of a file with no label, no class name and no ``n_classes`` is refused. Returns the GMM.
+    """
+    from fedalign.files import read_features, sha256_file
+
+    X, y, info = read_features(features)
+    names = info["class_names"]
+    if unlabeled:
+        y = None
+    elif n_classes is None and not names and not (y >= 0).any():
+        raise FedalignError(f"{source or features}: no labels and no class names: give "
+                            "--n-classes")
+    g = fit_gmm(X, y, components_per_class, n_classes=n_classes, class_names=names,
+                **fit_options)
+    save_gmm(output, g, dict(producer=producer, source=str(source or features),
+                             source_sha256=sha256_file(features)))
+    return g
+
+
 def load_gmm(path) -> GMM:
     """Read and validate a ``gmm`` file."""
     from fedalign.files import read_npz

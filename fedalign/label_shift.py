@@ -204,8 +204,37 @@ def reference_from_files(target_features, source_stats) -> tuple:
                                 f"has {C}")
         C = len(msg["class_counts"])
         msgs.append(msg)
+    return reference_from_messages(target_features, msgs)
+
+
+def reference_from_messages(target_features, messages: list) -> tuple:
+    """The target's label-shift-completed reference from its features file and the sources'
+    class statistics as they arrived (:func:`class_message`'s dicts, in the sources' order):
+    (:class:`fedalign.align.Reference`, record) — :func:`reference_from_files` once it has
+    read the sources' files (a front end that receives the messages instead calls this).
+
+    Parameters
+    ----------
+    target_features : the target's features file (labels unused)
+    messages : per source, ``class_counts`` (C,), ``class_sums`` (C, d), ``sum_x`` (d,),
+        ``sum_xx`` (d, d); every source with the same C and the file's d
+    """
+    from fedalign.files import open_features, read_features
+    from fedalign.stats import compute_stats
+
+    if not messages:
+        raise FedalignError("target-reference needs the class statistics of at least one source")
+    with open_features(target_features) as ff:
+        d = ff.d
+    C = len(messages[0]["class_counts"])
+    for k, msg in enumerate(messages):
+        if len(msg["class_counts"]) != C or np.shape(msg["sum_xx"]) != (d, d):
+            raise FedalignError(f"source {k}: class statistics of {len(msg['class_counts'])} "
+                                f"classes and d={np.shape(msg['sum_x'])[-1]}, expected {C} "
+                                f"classes and the target's d={d}")
     X, _, _ = read_features(target_features)
-    return completed_reference(compute_stats(target_features), msgs, np.asarray(X, np.float64), C)
+    return completed_reference(compute_stats(target_features), list(messages),
+                               np.asarray(X, np.float64), C)
 
 
 def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:

@@ -655,3 +655,266 @@ def test_defed_refuses_states_of_other_federations_mixed(fresh_sites):
         defed(LoopbackGrid(nodes), root, rounds=2)
     rep = defed(LoopbackGrid(nodes), root, rounds=1, fresh=True)
     assert rep["clients"] == list(SITES) and not rep["resumed"]
+
+
+# --------------------------------------------------------------------------------------------
+# DeFed-GMM-DaDiL's first half as exchanges (premap='target'): equal to the file pipeline
+# --------------------------------------------------------------------------------------------
+
+PREMAP = dict(premap="target", target=TARGET, gmm_k=2)
+SOURCES = tuple(s for s in SITES if s != TARGET)
+
+
+@pytest.fixture
+def premap_sites(tmp_path):
+    """The three sites, the target's training rows without class 2 (the completed reference
+    puts it back); no node needs ``gmm=``."""
+    from fedalign.files import read_features
+
+    nodes = make_sites(tmp_path)
+    t = next(n for n in nodes if n["name"] == TARGET)
+    X, y, info = read_features(t["train"])
+    keep = y != 2
+    write_features(t["train"], X[keep], y[keep], [f"t{j}" for j in range(int(keep.sum()))],
+                   info["class_names"], dict(domain=TARGET, client=f"{TARGET}.c0"))
+    return tmp_path, [{k: v for k, v in n.items() if k != "gmm"} for n in nodes]
+
+
+def file_premap(nodes, out, in_reference=SOURCES, federation=SITES, k=2):
+    """The ``fedalign`` pipeline's first half through the CLI (README, "DeFed-GMM-DaDiL by
+    hand"): ``stats --per-class`` of the sources ``in_reference`` (client order),
+    ``target-reference``, ``align --tau 1`` and ``fit-gmm`` at each source, ``fit-gmm
+    --unlabeled`` at the target. Returns the node configs of ``federation`` with ``gmm=``
+    these GMMs (for :func:`file_defed`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    by = {n["name"]: n for n in nodes}
+    for c in in_reference:
+        cli("stats", by[c]["train"], "--per-class", "-o", out / f"{c}.stats.npz")
+    cli("target-reference", by[TARGET]["train"], *[out / f"{c}.stats.npz" for c in in_reference],
+        "-o", out / "t.ref.npz")
+    fed = []
+    for c in federation:
+        gmm = out / f"{c}.gmm.npz"
+        if c == TARGET:
+            cli("fit-gmm", by[c]["train"], "--unlabeled", "-k", k, "-o", gmm)
+        else:
+            cli("align", "--tau", 1, by[c]["train"], out / "t.ref.npz", "-o", out / f"{c}.to_t.h5")
+            cli("fit-gmm", out / f"{c}.to_t.h5", "-k", k, "-o", gmm)
+        fed.append(dict(by[c], gmm=str(gmm)))
+    return fed
+
+
+def premap_gmm(nodes, name, fed="aggregation"):
+    return node_fed(nodes, name, fed) / "premap" / f"{name}.gmm.npz"
+
+
+def assert_premap_equal(root, nodes, rep, files, federation=SITES, fed="aggregation"):
+    """The run's reference, GMMs and DeFed files equal the file pipeline's under ``files``."""
+    for a in (root / "flower-defed" / f"defed-{fed}.ref.npz",
+              node_fed(nodes, TARGET, fed) / "premap" / f"{TARGET}.ref.npz"):
+        ok, line = compare.compare_references(a, files / "t.ref.npz")
+        assert ok, line
+    for c in federation:
+        ok, line = compare.compare_gmms(premap_gmm(nodes, c, fed), files / f"{c}.gmm.npz")
+        assert ok, line
+        ok, line = compare.compare_federations(node_fed(nodes, c, fed), files / fed, gmm_hash=False)
+        assert ok, line
+    assert sorted(rep["premap"]["gmms"]) == list(federation)
+
+
+def test_defed_premap_equals_the_file_pipeline(premap_sites):
+    from fedalign.files import read_features, read_npz
+
+    root, nodes = premap_sites
+    grid = LoopbackGrid(nodes)
+    rep = defed(grid, root, **PREMAP)
+    fed_nodes = file_premap(nodes, root / "files")
+    file_defed(fed_nodes, root / "files" / "aggregation", 2, "aggregation")
+    assert_premap_equal(root, nodes, rep, root / "files")
+    # the completed reference put back the class the target lacks
+    ref_meta = read_npz(root / "files" / "t.ref.npz", "reference")[1]
+    assert rep["premap"]["label_shift"] == ref_meta["label_shift"]
+    assert rep["premap"]["label_shift"]["absent"] == [2]
+    assert rep["premap"]["sources"] == list(SOURCES) and rep["premap"]["target"] == TARGET
+    # the sources' mapped rows are the file pipeline's `align --tau 1`, number for number
+    for c in SOURCES:
+        X1, y1, _ = read_features(node_fed(nodes, c, "aggregation") / "premap" / f"{c}.to_target.h5")
+        X2, y2, _ = read_features(root / "files" / f"{c}.to_t.h5")
+        assert np.array_equal(X1, X2) and np.array_equal(y1, y2)
+    # the target's DeFed evaluation equals dadil-evaluate on the file pipeline's state
+    cli("dadil-evaluate", "--test", nodes[1]["dadil-test"], "--state",
+        f"aggregation={root / 'files' / 'aggregation' / 'state' / 'ink.state.npz'}",
+        "--json", root / "files" / "ev.json")
+    ev = json.loads((root / "files" / "ev.json").read_text())
+    assert rep["targets"]["ink"]["accuracy"] == ev["accuracy"]
+    # three exchanges before round 0; what each message carries
+    labels = [e["label"] for e in rep["exchanges"]]
+    assert labels == ["hello", "class stats", "target reference", "premap", "round 0", "round 1",
+                      "round 2"]
+    sent = {(nid, t): (m.from_recorddict(msg.content), m.from_recorddict(r.content))
+            for nid, t, msg, r in grid.log}
+    assert {t for _, t in sent} >= {m.CLASS_STATS, m.TARGET_REFERENCE, m.PREMAP}
+    assert [nid for nid, t in sent if t == m.CLASS_STATS] == [1001, 1003]
+    assert [nid for nid, t in sent if t == m.TARGET_REFERENCE] == [1002]
+    q, r = sent[(1001, m.CLASS_STATS)]
+    assert set(r.arrays) == {"class_stats"}
+    assert set(r.arrays["class_stats"]) == {"class_counts", "class_sums", "sum_x", "sum_xx"}
+    q, r = sent[(1002, m.TARGET_REFERENCE)]
+    assert set(q.arrays) == {"source/blocky", "source/neon"} and q.config["sources"] == ["blocky", "neon"]
+    assert set(r.arrays) == {"reference"} and set(r.arrays["reference"]) == {"mean", "covariance"}
+    assert set(sent[(1001, m.PREMAP)][0].arrays) == {"reference"}
+    assert sent[(1002, m.PREMAP)][0].arrays == {}  # the target fits on its own rows
+    assert all(not p.arrays for _, p in sent.values() if p.config.get("gmm"))  # no GMM leaves
+    for nid, t in sent:
+        if t in (m.DADIL_INIT, m.DADIL_ROUND):
+            assert sent[(nid, t)][0].config["premap"] == "target"
+    # bytes: the class statistics up, the reference down (8 bytes a number, plus keys)
+    comm = rep["communication"]["per_client"]
+    numbers = C + C * D + D + D * D
+    assert 8 * numbers < comm["blocky"]["premap"]["received"] < 8 * numbers + 1000
+    assert 8 * (D + D * D) < comm["blocky"]["premap"]["sent"] < 8 * (D + D * D) + 1500
+    assert 2 * 8 * numbers < comm["ink"]["premap"]["sent"] < 2 * 8 * numbers + 2500
+    assert 8 * (D + D * D) < comm["ink"]["premap"]["received"] < 8 * (D + D * D) + 2000
+    assert rep["warnings"] == [] and rep["dropped"] == []
+    # the command-line comparison: --premap compares the states without their GMM's hash
+    f, fed = root / "files", "aggregation"
+    args = ["--ref", root / "flower-defed" / f"defed-{fed}.ref.npz", f / "t.ref.npz"]
+    for c in SITES:
+        args += ["--gmm", premap_gmm(nodes, c), f / f"{c}.gmm.npz",
+                 "--defed", node_fed(nodes, c, fed), f / fed]
+    assert compare.main([str(a) for a in args]) == 1  # the states name other GMM files
+    assert compare.main([str(a) for a in args] + ["--premap"]) == 0
+    ok, line = compare.compare_gmms(premap_gmm(nodes, "blocky"), f / "neon.gmm.npz")
+    assert not ok and "means" in line
+
+
+def test_defed_premap_resumes_on_its_own_gmms(premap_sites):
+    """A second run (no fresh=true) resumes from the states: no premap exchange, the rounds
+    on the GMMs premap wrote."""
+    root, nodes = premap_sites
+    defed(LoopbackGrid(nodes), root, rounds=1, **PREMAP)
+    rep = defed(LoopbackGrid(nodes), root, rounds=2, **PREMAP)
+    assert rep["resumed"] and "premap" not in rep
+    assert [e["label"] for e in rep["exchanges"]] == ["hello", "atoms of round 1", "round 2"]
+    fed_nodes = file_premap(nodes, root / "files")
+    file_defed(fed_nodes, root / "files" / "aggregation", 2, "aggregation")
+    for c in SITES:
+        ok, line = compare.compare_federations(node_fed(nodes, c, "aggregation"),
+                                               root / "files" / "aggregation", gmm_hash=False)
+        assert ok, line
+
+
+@pytest.mark.parametrize("lost_in", [m.CLASS_STATS, m.PREMAP])
+def test_defed_premap_source_lost_is_dropped(premap_sites, lost_in):
+    """neon never answers ``lost_in``: the others go on. Lost before its statistics reached
+    the target, the reference is of blocky's alone; lost after, its statistics stay in it."""
+    root, nodes = premap_sites
+    grid = LoopbackGrid(nodes)
+    grid.tamper = lambda nid, mtype, reply: None if (nid == 1003 and mtype == lost_in) else reply
+    rep = defed(grid, root, timeout=0.5, **PREMAP)
+    label = {m.CLASS_STATS: "class stats", m.PREMAP: "premap"}[lost_in]
+    assert rep["clients"] == ["blocky", "ink"]
+    assert len(rep["warnings"]) == 1 and rep["warnings"][0].startswith(
+        f"node neon (node 1003): no reply to {lost_in}")
+    d = rep["dropped"][0]
+    assert (d["client"], d["lost_at"]) == ("neon", label) and d["missed"][-1] == "round 2"
+    in_ref = ("blocky",) if lost_in == m.CLASS_STATS else SOURCES
+    assert rep["premap"]["sources"] == list(in_ref)
+    fed_nodes = file_premap(nodes, root / "files", in_reference=in_ref,
+                            federation=("blocky", "ink"))
+    file_defed(fed_nodes, root / "files" / "aggregation", 2, "aggregation")
+    assert_premap_equal(root, nodes, rep, root / "files", federation=("blocky", "ink"))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda a: a.update(class_sums=np.full_like(a["class_sums"], np.nan)),
+     f"class stats reply: 'class_sums' has {C * D} NaN/Inf values"),
+    (lambda a: a.update(sum_xx=np.eye(4)),
+     r"class stats reply: 'sum_xx' has shape \(4, 4\), expected \(6, 6\)"),
+    (lambda a: a.update(sum_xx=-np.eye(D)), "class stats reply: 'sum_xx' is not symmetric "
+                                            "positive semidefinite"),
+    (lambda a: a.update(class_counts=-a["class_counts"]),
+     "class stats reply: class counts must be integers ≥ 0"),
+])
+def test_defed_premap_bad_class_stats_are_dropped_with_a_warning(premap_sites, bad, message):
+    root, nodes = premap_sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if nid == 1001 and mtype == m.CLASS_STATS:
+            p = m.from_recorddict(reply.content)
+            bad(p.arrays["class_stats"])
+            reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    with pytest.raises(FedalignError, match=f"node blocky \\(node 1001\\): {message}"):
+        defed(grid, root, **{"min-clients": 3}, **PREMAP)
+    rep = defed(grid, root, fresh=True, **PREMAP)
+    assert rep["clients"] == ["ink", "neon"] and rep["premap"]["sources"] == ["neon"]
+    assert len(rep["warnings"]) == 1
+    assert rep["warnings"][0].startswith("node blocky (node 1001): ")
+    assert rep["warnings"][0].endswith("dropped from the federation")
+
+
+@pytest.mark.parametrize("lost_in, tamper_reply", [
+    (m.TARGET_REFERENCE, lambda reply: None),
+    (m.PREMAP, lambda reply: None),
+    (m.TARGET_REFERENCE, "nan"),
+])
+def test_defed_premap_without_the_target_is_one_error_line(premap_sites, lost_in, tamper_reply):
+    root, nodes = premap_sites
+    grid = LoopbackGrid(nodes)
+
+    def tamper(nid, mtype, reply):
+        if nid != 1002 or mtype != lost_in:
+            return reply
+        if tamper_reply != "nan":
+            return tamper_reply(reply)
+        p = m.from_recorddict(reply.content)
+        p.arrays["reference"]["mean"][0] = np.nan
+        reply.content = m.to_recorddict(p)
+        return reply
+
+    grid.tamper = tamper
+    what = {m.TARGET_REFERENCE: "target reference", m.PREMAP: "premap"}[lost_in]
+    why = "'mean' has 1 NaN/Inf value" if tamper_reply == "nan" else f"no reply to {lost_in}"
+    with pytest.raises(FedalignError, match=f"DeFed premap, {what}: the target failed: node ink "
+                                            f"\\(node 1002\\): .*{why}") as e:
+        defed(grid, root, timeout=0.5, **PREMAP)
+    assert "\n" not in str(e.value)
+    assert not (root / "flower-defed" / "defed-aggregation.json").exists()
+
+
+def test_defed_premap_settings_are_checked(premap_sites):
+    root, nodes = premap_sites
+    for cfg, message in ((dict(premap="source"), "premap must be '' .off. or 'target'"),
+                         (dict(premap="target"), "premap='target' needs target='CLIENT'"),
+                         (dict(premap="target", target="a b"), "run config target: invalid client"),
+                         (dict(premap="target", target="ink", gmm_k=0), "gmm-k must be ≥ 1")):
+        with pytest.raises(FedalignError, match=message):
+            defed(LoopbackGrid(nodes), root, **cfg)
+    with pytest.raises(FedalignError, match="the target 'dvd' is none of the nodes that answered "
+                                            r"\(blocky, ink, neon\)"):
+        defed(LoopbackGrid(nodes), root, premap="target", target="dvd")
+    # without premap, a node without gmm= is dropped at hello, as before
+    with pytest.raises(FedalignError, match="node blocky .*has no gmm='…' in its node config"):
+        defed(LoopbackGrid(nodes), root, **{"min-clients": 3})
+
+
+def test_defed_premap_off_sends_what_it_sent_before(fresh_sites):
+    """premap off (the default): no premap exchange, no premap key in any message, no premap
+    folder on the nodes, the rounds on the node config's gmm= (states byte for byte those of
+    the file pipeline: test_defed_equals_the_file_pipeline)."""
+    root, nodes = fresh_sites
+    grid = LoopbackGrid(nodes)
+    rep = defed(grid, root, rounds=1, gmm_k=3)  # premap settings without premap: unused
+    assert [e["label"] for e in rep["exchanges"]] == ["hello", "round 0", "round 1"]
+    assert "premap" not in rep and set(rep["communication"]["per_client"]["ink"]) == {"defed"}
+    for _, mtype, msg, _ in grid.log:
+        assert "premap" not in m.from_recorddict(msg.content).config
+        assert mtype not in (m.CLASS_STATS, m.TARGET_REFERENCE, m.PREMAP)
+    assert m.from_recorddict(grid.log[0][2].content).config == dict(federation="aggregation",
+                                                                   strategy="aggregation")
+    for n in nodes:
+        assert not (node_fed(nodes, n["name"], "aggregation") / "premap").exists()

@@ -387,3 +387,25 @@ def test_defed_resumes_after_the_serverapp_is_killed(lossy, one_thread):
         ok, line = compare.compare_federations(node_fed(nodes, n["name"], "crash"),
                                                root / "files-crash")
         assert ok, line
+
+
+def test_defed_premap_on_a_local_superlink_equals_the_file_pipeline(tmp_path, one_thread):
+    """premap='target' on the real engine: the class statistics, the target's completed
+    reference and every node's GMM as exchanges, then the rounds; equal to the file pipeline
+    (stats --per-class, target-reference, align --tau 1, fit-gmm, dadil-round)."""
+    from test_flower_app import PREMAP, assert_premap_equal, file_premap
+
+    nodes = [{k: v for k, v in n.items() if k != "gmm"} for n in make_sites(tmp_path)]
+    out = tmp_path / "flower-defed"
+    with Deployment(tmp_path, nodes) as dep:
+        dep.run({"method": "defed", "out": str(out), "rounds": 2, "local-steps": 2,
+                 "n-components": 6, "clients": 3, "timeout": 120.0,
+                 **{k.replace("_", "-"): v for k, v in PREMAP.items()}},
+                out / "defed-aggregation.json")
+    assert all(p.poll() is not None for p, _ in dep.procs) and dep.marked() == []
+    rep = _report(out / "defed-aggregation.json")
+    assert [e["label"] for e in rep["exchanges"]][:4] == ["hello", "class stats",
+                                                          "target reference", "premap"]
+    fed_nodes = file_premap(nodes, tmp_path / "files")
+    file_defed(fed_nodes, tmp_path / "files" / "aggregation", 2, "aggregation")
+    assert_premap_equal(tmp_path, nodes, rep, tmp_path / "files")

@@ -114,3 +114,17 @@ def test_small_launch_equals_the_file_pipeline(tmp_path):
     assert out.count("\nequal   ") == 3 + 4 and "DIFFER" not in out
     assert (tmp_path / "out" / "metrics.json").is_file()
     assert marked(p.pid) == []
+
+
+@pytest.mark.slow
+def test_small_launch_with_premap_equals_the_file_pipeline(tmp_path):
+    """``--premap``: the DeFed run maps the sources onto the target's completed Gaussian as
+    exchanges; the comparison adds the reference and every site's GMM."""
+    files = features(tmp_path, domains=("a", "b", "c"))
+    p = launch("-n", 3, *files, "-o", tmp_path / "out", "--target", "b", "--premap", *SMALL)
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, out[-3000:] + err[-3000:]
+    assert "sites: a.c0, b.c0, c.c0" in out
+    assert out.count("\nequal   ") == 3 + 1 + 3 + 3 and "DIFFER" not in out
+    assert "equal   GMM b.c0.gmm.npz" in out
+    assert marked(p.pid) == []

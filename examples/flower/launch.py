@@ -16,16 +16,20 @@ Sites: with D domains, each domain is split into M = ⌈N / D⌉ clients; the si
 ``DOMAIN.cK``, taken K = 0, 1, … across the domains until there are N (with N < D, the target
 and the first N − 1 other domains). The site ``DOMAIN.c0`` holds its domain's test split. The
 DeFed target is ``TARGET.c0``: its GMM is fitted without labels and it scores the DeFed
-classifier on its domain's test split.
+classifier on its domain's test split. With ``--premap`` the DeFed run maps every source onto
+the target's completed Gaussian as Flower exchanges (run config ``premap='target'``) and the
+file pipeline runs the same recipe with the subcommands (``stats --per-class``,
+``target-reference``, ``align --tau 1``, ``fit-gmm``); the comparison adds the reference and
+every site's GMM.
 
 Bad input (N < 2, N larger than the rows allow, features of different dimensions, a port in
 use, a missing tool): one ``error:`` line, exit 2, nothing started. Exit 0 when both pipelines
 agree, 1 when they differ or a run failed (every process stopped), 130/143 on SIGINT/SIGTERM.
 
-Outputs under OUT: ``data/`` (partition, GMMs), ``files/`` (file pipeline), ``flower/`` (the
-ServerApp's ref.npz, slot.json, defed-STRATEGY.json), ``nodes/SITE/`` (each SuperNode's private
-folder), ``logs/``, ``metrics.json`` (times, bytes, RSS, machine load: read by
-``cost_table.py``).
+Outputs under OUT: ``data/`` (partition, GMMs), ``files/`` (file pipeline; ``files/premap/``
+with ``--premap``), ``flower/`` (the ServerApp's ref.npz, slot.json, defed-STRATEGY.json,
+defed-STRATEGY.ref.npz with ``--premap``), ``nodes/SITE/`` (each SuperNode's private folder),
+``logs/``, ``metrics.json`` (times, bytes, RSS, machine load: read by ``cost_table.py``).
 """
 
 from __future__ import annotations
@@ -387,6 +391,32 @@ def partition(args, files: list, target: str, out: Path) -> tuple[list, dict]:
     return sites, nodes
 
 
+def target_site(sites: list, nodes: dict) -> str:
+    """The DeFed target: the site that holds the DeFed test split."""
+    return next(s for s in sites if "dadil-test" in nodes[s])
+
+
+def file_premap(args, sites: list, nodes: dict, f: Path) -> dict:
+    """The ``fedalign`` pipeline's first half through the subcommands (README, "DeFed-GMM-DaDiL
+    by hand"), in ``f/premap/``: {site: its GMM}. The sources in site order, as the ServerApp
+    forwards their statistics."""
+    p = f / "premap"
+    p.mkdir(parents=True)
+    target = target_site(sites, nodes)
+    sources = [s for s in sites if s != target]
+    for s in sources:
+        quiet("stats", nodes[s]["train"], "--per-class", "-o", p / f"{s}.stats.npz")
+    ref = p / f"{target}.ref.npz"
+    quiet("target-reference", nodes[target]["train"], *[p / f"{s}.stats.npz" for s in sources],
+          "-o", ref)
+    gmms = {s: p / f"{s}.gmm.npz" for s in sites}
+    quiet("fit-gmm", nodes[target]["train"], "--unlabeled", "-k", args.gmm_k, "-o", gmms[target])
+    for s in sources:
+        quiet("align", "--tau", 1, nodes[s]["train"], ref, "-o", p / f"{s}.to_target.h5")
+        quiet("fit-gmm", p / f"{s}.to_target.h5", "-k", args.gmm_k, "-o", gmms[s])
+    return gmms
+
+
 def file_pipeline(args, sites: list, nodes: dict, f: Path) -> None:
     """SLOT-Align and DeFed-GMM-DaDiL through fedalign's subcommands (the quick start's)."""
     shutil.rmtree(f, ignore_errors=True)
@@ -406,11 +436,13 @@ def file_pipeline(args, sites: list, nodes: dict, f: Path) -> None:
           *[a for p in args.params.split() for a in ("--param", p)], "--seeds", args.seeds,
           "--train", *[f / f"{s}.train.h5" for s in sites], "--test", *tests,
           "--json", f / "slot.json")
+    gmms = (file_premap(args, sites, nodes, f) if args.premap
+            else {s: nodes[s]["gmm"] for s in sites})
     fed = f / args.strategy
     (fed / "state").mkdir(parents=True)
     (fed / "round_000").mkdir()
     for s in sites:
-        quiet("dadil-round", "--init", "--client", s, "--gmm", nodes[s]["gmm"], "--n-components",
+        quiet("dadil-round", "--init", "--client", s, "--gmm", gmms[s], "--n-components",
               args.n_components, "--state", fed / "state" / f"{s}.state.npz",
               "-o", fed / "round_000" / f"{s}.atoms.npz")
     for t in range(1, args.rounds + 1):
@@ -420,7 +452,7 @@ def file_pipeline(args, sites: list, nodes: dict, f: Path) -> None:
             quiet("dadil-round", "--state", fed / "state" / f"{s}.state.npz", "--client", s,
                   "--strategy", args.strategy, "--local-steps", args.local_steps,
                   "-o", fed / f"round_{t:03d}" / f"{s}.atoms.npz", *prev)
-    target = next(s for s in sites if "dadil-test" in nodes[s])
+    target = target_site(sites, nodes)
     quiet("dadil-evaluate", "--test", nodes[target]["dadil-test"], "--state",
           f"{args.strategy}={fed / 'state' / f'{target}.state.npz'}", "--seeds", args.seeds,
           "--json", f / f"defed-{args.strategy}.json")
@@ -486,8 +518,16 @@ def compare_all(args, sites: list, nodes: dict, fl: Path, f: Path) -> list:
               compare.compare_reports(fl / "slot.json", f / "slot.json"),
               compare.compare_target_reports(fl / f"defed-{args.strategy}.json",
                                              f / f"defed-{args.strategy}.json")]
+    if args.premap:
+        target = target_site(sites, nodes)
+        checks.append(compare.compare_references(fl / f"defed-{args.strategy}.ref.npz",
+                                                 f / "premap" / f"{target}.ref.npz"))
+        checks += [compare.compare_gmms(Path(nodes[s]["dir"]) / "dadil" / args.strategy / "premap"
+                                        / f"{s}.gmm.npz", f / "premap" / f"{s}.gmm.npz")
+                   for s in sites]
     checks += [compare.compare_federations(Path(nodes[s]["dir"]) / "dadil" / args.strategy,
-                                           f / args.strategy) for s in sites]
+                                           f / args.strategy, gmm_hash=not args.premap)
+               for s in sites]
     return checks
 
 
@@ -556,12 +596,15 @@ def launch(args) -> int:
                                                            seeds=args.seeds, params=args.params,
                                                            tau=args.tau),
                                        fl / "slot.json", args.run_timeout)
-        say(f"Flower run 2: DeFed-GMM-DaDiL ({args.strategy}, {args.rounds} rounds)", t0)
+        say(f"Flower run 2: DeFed-GMM-DaDiL ({args.strategy}, {args.rounds} rounds"
+            + (", premap onto the target)" if args.premap else ")"), t0)
+        premap = (dict(premap="target", target=target_site(sites, nodes),
+                       **{"gmm-k": args.gmm_k}) if args.premap else {})
         times["defed_run"] = flower_run(
             procs, "defed", dict(common, method="defed", strategy=args.strategy, rounds=args.rounds,
                                  **{"local-steps": args.local_steps,
                                     "n-components": args.n_components, "eval-seeds": args.seeds,
-                                    "fresh": True}),
+                                    "fresh": True}, **premap),
             fl / f"defed-{args.strategy}.json", args.run_timeout)
         times["flower_total"] = time.monotonic() - t
         loads["end"] = os.getloadavg()
@@ -615,6 +658,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--local-steps", type=int, default=5)
     ap.add_argument("--n-components", type=int, default=20)
+    ap.add_argument("--premap", action="store_true",
+                    help="DeFed: map every source onto the target's completed Gaussian as "
+                    "Flower exchanges (premap='target'), the file pipeline with stats "
+                    "--per-class, target-reference, align --tau 1, fit-gmm")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds per exchange before a site counts as dropped")
     ap.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per flwr run")

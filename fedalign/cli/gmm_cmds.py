@@ -37,22 +37,13 @@ def fit_gmm_cmd(
     --unlabeled: one mixture of C·k components without labels. The file holds the mixture
     only, no samples; it stays with its client.
     """
-    from fedalign.errors import FedalignError
-    from fedalign.files import read_features, sha256_file
-    from fedalign.gmm import fit_gmm, save_gmm
+    from fedalign.gmm import fit_gmm_file
 
-    X, y, info = read_features(features)
-    names = info["class_names"]
-    if unlabeled:
-        y = None
-    elif n_classes is None and not names and not (y >= 0).any():
-        raise FedalignError(f"{features}: no labels and no class names: give --n-classes")
     t0 = time.perf_counter()
-    g = fit_gmm(X, y, components_per_class, n_classes=n_classes, class_weights=class_weights,
-                min_var=min_var, seed=seed, max_iter=max_iter, tol=tol, class_names=names,
-                var_floor_rel=var_floor_rel)
-    save_gmm(output, g, dict(producer="fedalign fit-gmm", source=str(features),
-                             source_sha256=sha256_file(features)))
+    g = fit_gmm_file(features, output, components_per_class, unlabeled=unlabeled,
+                     n_classes=n_classes, class_weights=class_weights, min_var=min_var,
+                     seed=seed, max_iter=max_iter, tol=tol, var_floor_rel=var_floor_rel)
+    n = sum(r["n"] for r in g.meta["fit"])          # the rows fitted (labeled ones, if labeled)
     not_conv = sum(not r["converged"] for r in g.meta["fit"])
     kind = "labeled" if g.labeled else "unlabeled"
     k, C = components_per_class, g.n_classes
@@ -60,6 +51,6 @@ def fit_gmm_cmd(
         parts = f"K={g.K} components = C·k = {C}·{k}"
     else:  # a class with fewer than k samples gets fewer components
         parts = f"K={g.K} components (≤ C·k = {C}·{k}: small classes get fewer)"
-    err.print(f"fit-gmm: {kind} n={len(X)} d={g.d} {parts} "
+    err.print(f"fit-gmm: {kind} n={n} d={g.d} {parts} "
               f"({len(g.meta['fit'])} EM fits, {not_conv} not converged, "
               f"{time.perf_counter() - t0:.2f}s) → {output}")

@@ -4,7 +4,8 @@
   (:mod:`~fedalign.flower.settings`) → one driver per method over the node exchange
   (:mod:`~fedalign.flower.exchange`): the SLOT-Align server (:mod:`~fedalign.flower.slot_driver`:
   barycenter, global heads) and the DeFed gossip relay (:mod:`~fedalign.flower.defed_driver`:
-  a mailbox of atoms);
+  a mailbox of atoms, after :mod:`~fedalign.flower.premap` with ``premap='target'``: the
+  sources mapped onto the target's completed Gaussian and every node's GMM, as exchanges);
 - :mod:`fedalign.flower.client_app` — ``app``, the ClientApp: one handler per message type;
 - :mod:`fedalign.flower.handlers` — what a node computes from its own files (no Flower);
 - :mod:`fedalign.flower.messages` — payloads ↔ ``RecordDict``, reply checks, byte counts;

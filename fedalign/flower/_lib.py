@@ -38,11 +38,15 @@ import numpy as np
 
 from fedalign.align import (Reference, client_map, load_map, make_reference, save_map,
                             save_reference)
-from fedalign.align import align_file
+from fedalign.align import align_file, map_provenance
 from fedalign.defaults import LOCAL_STEPS, N_ATOMS, TAU
 from fedalign.errors import FedalignError
 from fedalign.evaluate import check_params, check_seeds, privacy_lines, privacy_of
-from fedalign.files import check_spd, read_features, read_npz, sha256_file, write_report
+from fedalign.files import (atomic_outputs, check_spd, read_features, read_npz, sha256_file,
+                            write_report)
+from fedalign.gmm import fit_gmm_file
+from fedalign.label_shift import class_message, reference_from_messages
+from fedalign.linalg import SYMMETRY_RTOL
 from fedalign.gaussian import check_tau
 from fedalign.grammar import parse_bool, parse_params, parse_seeds, parse_shrinkage
 from fedalign.heads import LinearHead, client_message, get_method, message_keys
@@ -57,14 +61,15 @@ from fedalign.dadil import evaluate_target_files
 
 __all__ = [
     "FedalignError", "GaussianStats", "LOCAL_STEPS", "LinearHead", "MethodResult", "N_ATOMS",
-    "N_PEERS", "PublishedAtoms", "Reference", "STRATEGIES", "TAU", "align_file",
-    "check_client_id", "check_params", "check_seeds", "check_spd", "check_tau",
-    "client_gaussian", "client_map", "compute_stats", "config_record", "draw_peers",
-    "evaluate_target_files", "federation_paths", "get_method", "head_client_update",
-    "head_config", "head_message_keys", "head_rounds", "head_server_aggregate",
-    "head_server_init", "init_files", "json_safe", "limit_threads", "load_atoms", "load_map",
-    "load_state", "load_stats", "make_reference", "parse_bool", "parse_params", "parse_seeds",
-    "parse_shrinkage", "privacy_lines", "privacy_of", "read_features", "read_npz",
+    "N_PEERS", "PublishedAtoms", "Reference", "STRATEGIES", "SYMMETRY_RTOL", "TAU", "align_file",
+    "atomic_outputs", "check_client_id", "check_params", "check_seeds", "check_spd",
+    "check_tau", "class_message", "client_gaussian", "client_map", "compute_stats",
+    "config_record", "draw_peers", "evaluate_target_files", "federation_paths",
+    "fit_gmm_file", "get_method", "head_client_update", "head_config", "head_message_keys",
+    "head_rounds", "head_server_aggregate", "head_server_init", "init_files", "json_safe",
+    "limit_threads", "load_atoms", "load_map", "load_state", "load_stats", "make_reference",
+    "map_provenance", "parse_bool", "parse_params", "parse_seeds", "parse_shrinkage",
+    "privacy_lines", "privacy_of", "read_features", "read_npz", "reference_from_messages",
     "relay_round", "save_map", "save_reference", "save_stats", "sha256_file", "write_report",
 ]
 
@@ -186,3 +191,4 @@ def relay_round(state_path, atoms_path, strategy: str, local_steps: int, client:
         raise RuntimeError(f"{client}: the round drew peers {rec['peers']}, the relay forwarded "
                            f"{named}")
     return st, rec
+

@@ -6,10 +6,15 @@
         --slot out/flower/slot.json out/files/slot.json \\
         --defed NODE_DIR/dadil/aggregation FILES_DIR/aggregation [--defed …]   (one per node)
         --target out/flower/defed-aggregation.json out/files/defed-aggregation.json
+        [--premap --ref out/flower/defed-aggregation.ref.npz out/files/t.ref.npz \
+         --gmm NODE_DIR/dadil/aggregation/premap/ink.gmm.npz out/files/ink.gmm.npz …]
 
 prints one line per check and exits 1 when one fails. The reference must agree to ``--atol``
 (1e-8); accuracies must be equal per domain and seed; every DaDiL state and published atoms
 file must hold equal arrays and equal records (the GMM path each state records may differ).
+With ``--premap`` (the run fitted every node's GMM, ``premap='target'``) the GMM files are
+compared on their own (``--gmm``: equal arrays, equal fit records; the path and hash of the
+features file each was fitted on differ), and the states without the GMM's hash.
 """
 
 from __future__ import annotations
@@ -85,10 +90,34 @@ def _same_arrays(x: dict, y: dict, keys) -> list:
     return bad
 
 
-def compare_federations(a, b) -> tuple[bool, str]:
-    """Two DeFed federation folders (``state/``, ``round_XXX/``): equal states and atoms."""
+#: GMM metadata that names the file a GMM was fitted on (not compared by :func:`compare_gmms`)
+GMM_SOURCE_META = ("producer", "source", "source_sha256")
+
+
+def compare_gmms(a, b) -> tuple[bool, str]:
+    """Two GMM files fitted apart (premap): equal arrays and equal metadata but for
+    :data:`GMM_SOURCE_META` (each records the path and hash of its own features file)."""
     from fedalign.flower._lib import read_npz
 
+    xa, ma = read_npz(a, "gmm")
+    xb, mb = read_npz(b, "gmm")
+    bad = _same_arrays(xa, xb, sorted(set(xa) | set(xb)))
+    bad += [f"meta {k}" for k in sorted((set(ma) | set(mb)) - set(GMM_SOURCE_META))
+            if ma.get(k) != mb.get(k)]
+    if bad:
+        return False, f"GMM {Path(a).name}: {', '.join(bad[:5])} differ"
+    return True, f"GMM {Path(a).name}: {len(xa)} arrays and the fit record equal"
+
+
+def compare_federations(a, b, gmm_hash: bool = True) -> tuple[bool, str]:
+    """Two DeFed federation folders (``state/``, ``round_XXX/``): equal states and atoms.
+
+    ``gmm_hash=False``: the states' records are compared without the GMM's SHA-256 (GMMs
+    fitted apart, each naming its own features file: compare them with :func:`compare_gmms`).
+    """
+    from fedalign.flower._lib import read_npz
+
+    skip = {"gmm_path"} if gmm_hash else {"gmm_path", "gmm_sha256"}
     a, b = Path(a), Path(b)
     problems, n_states, n_atoms, identical = [], 0, 0, 0
     for sa in sorted((a / "state").glob("*.state.npz")):
@@ -99,7 +128,7 @@ def compare_federations(a, b) -> tuple[bool, str]:
         xa, ma = read_npz(sa, "state")
         xb, mb = read_npz(sb, "state")
         bad = _same_arrays(xa, xb, STATE_ARRAYS)
-        for k in sorted((set(ma) | set(mb)) - {"gmm_path"}):
+        for k in sorted((set(ma) | set(mb)) - skip):
             if ma.get(k) != mb.get(k):
                 bad.append(f"meta {k}")
         if bad:
@@ -164,6 +193,10 @@ def main(argv=None) -> int:
                     help="the DeFed target's accuracy reports")
     ap.add_argument("--comm", nargs="+", default=[], metavar="REPORT",
                     help="print the bytes per client of these run reports")
+    ap.add_argument("--gmm", nargs=2, action="append", default=[], metavar=("FLOWER", "FILES"),
+                    help="GMM files fitted apart (premap), one pair per node")
+    ap.add_argument("--premap", action="store_true",
+                    help="the run fitted every node's GMM: states compared without its hash")
     ap.add_argument("--atol", type=float, default=1e-8)
     args = ap.parse_args(argv)
     checks = []
@@ -174,8 +207,10 @@ def main(argv=None) -> int:
             checks.append(compare_reports(*args.slot))
         if args.target:
             checks.append(compare_target_reports(*args.target))
+        for a, b in args.gmm:
+            checks.append(compare_gmms(a, b))
         for a, b in args.defed:
-            checks.append(compare_federations(a, b))
+            checks.append(compare_federations(a, b, gmm_hash=not args.premap))
         comm = communication_lines(args.comm) if args.comm else []
     except Exception as e:  # a missing or unreadable file: one line
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -10,6 +10,10 @@ client and never sees α, a GMM or a state. It does see the atoms (so does the S
 relays them). After its last round the target scores its DeFed classifier on its held-out
 split (``dadil-evaluate``'s rows) → ``OUT/defed-FEDERATION.json``.
 
+With ``premap='target'`` a fresh start first maps every source onto the target's completed
+Gaussian and fits every node's GMM, in three exchanges (:mod:`fedalign.flower.premap`); the
+rounds then run on those GMMs (``premap`` travels in every message) instead of ``gmm=``.
+
 Faults (besides those of :mod:`fedalign.flower.exchange`): a dropped peer is skipped — clients
 that had named it draw again (``query.dadil_peers``) from the clients that did publish. A
 server restarted between rounds resumes from the nodes' states; a node that was lost and comes
@@ -31,6 +35,7 @@ from fedalign.flower import _lib as lib
 from fedalign.flower import messages as m
 from fedalign.flower.exchange import Exchange, lost_clients, majority
 from fedalign.flower.messages import NodeReplyError, Payload
+from fedalign.flower.premap import run_premap
 from fedalign.flower.settings import Settings
 
 
@@ -84,7 +89,11 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
         raise lib.FedalignError(f"strategy must be one of {', '.join(lib.STRATEGIES)}, got {s.strategy!r}")
     eval_seeds = Settings.seed_list(s.eval_seeds, "eval-seeds")
     nodes = ex.wait_for_nodes()
-    relay, hello = _hello(ex, nodes, dict(federation=fed, strategy=s.strategy))
+    base = dict(federation=fed, strategy=s.strategy, **({"premap": s.premap} if s.premap else {}))
+    relay, hello = _hello(ex, nodes, base)
+    premap = None
+    if s.premap and (s.fresh or all(r < 0 for r in relay.state_round.values())):
+        premap = run_premap(ex, s, relay, out)
     start, shape, resumed = _start(ex, s, relay, hello)
     history = []
     evaluation = dict(row=s.strategy, seeds=[int(x) for x in eval_seeds])
@@ -111,6 +120,8 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
                   warnings=list(ex.warnings),
                   timing_s=dict(rounds=t_rounds, total=time.perf_counter() - t0),
                   settings=dataclasses.asdict(s), targets=targets)
+    if premap is not None:
+        report["premap"] = premap
     if len(targets) == 1:  # the layout of a dadil-evaluate report (fedalign report reads it)
         report.update(next(iter(targets.values())))
     lib.write_report(out / f"defed-{fed}.json", lib.json_safe(report))
@@ -121,15 +132,17 @@ def run_defed(ex: Exchange, s: Settings, out: Path) -> dict:
 
 
 def _hello(ex: Exchange, nodes: list, base: dict):
-    """``query.hello``: the nodes that hold a GMM, their names and their states' rounds →
-    (relay, {node id: reply})."""
-    def has_gmm(nid, p):
-        if not p.config.get("has_gmm"):
-            raise NodeReplyError(ex.label(nid), "has no gmm='…' in its node config")
+    """``query.hello``: the nodes that hold a GMM (with ``premap``: a training file), their
+    names and their states' rounds → (relay, {node id: reply})."""
+    need = "train" if base.get("premap") else "gmm"
+
+    def has_input(nid, p):
+        if not p.config.get(f"has_{need}"):
+            raise NodeReplyError(ex.label(nid), f"has no {need}='…' in its node config")
 
     hello = ex.keep(ex.ask({n: (m.HELLO, Payload({}, dict(base))) for n in nodes}, "defed",
                            "hello"),
-                    "federation", has_gmm)
+                    "federation", has_input)
     names = {n: p.config["client"] for n, p in hello.items()}
     if len(set(names.values())) < len(names):
         raise lib.FedalignError("two nodes answered with the same client name")

@@ -11,14 +11,17 @@ Node config (``flower-supernode --node-config``)::
     dir='/site/fedalign'            private working folder (aligned features, maps, DaDiL state)
     train='/site/ink.train.h5'      SLOT-Align: training features (labeled)
     test='/site/ink.test.h5'        SLOT-Align: the domain's test split (optional)
-    gmm='/site/ink.gmm.npz'         DeFed-GMM-DaDiL: the client's GMM (``fedalign fit-gmm``)
+    gmm='/site/ink.gmm.npz'         DeFed-GMM-DaDiL: the client's GMM (``fedalign fit-gmm``;
+                                    not read with premap='target': the node fits its own)
     dadil-test='/site/ink.test.h5'  DeFed: the target's held-out test split (optional)
     threads=1                       torch/BLAS threads of DaDiL rounds (as ``dadil-round``)
 
 What leaves the node: SLOT — n, mean and Ledoit–Wolf covariance; the heads' aggregates
 (:mod:`fedalign.heads`); per-domain accuracy. DeFed — the atoms it publishes (means,
 variances, label logits, round), the ids of the peers it draws, its round, and the target's
-accuracy. Never features, labels, α, the GMM or the state.
+accuracy; with premap='target' first a source's class statistics (class counts, class sums,
+Σx, Σxxᵀ) and the target's completed reference (mean, covariance, its label-shift record).
+Never features, labels, α, the GMM or the state.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from fedalign.flower.messages import Payload
 #: Files under the node's ``dir``.
 SLOT_DIR = "slot"
 DADIL_DIR = "dadil"
+#: premap='target' files, under the federation's folder ``premap/``
+PREMAP_FILES = {"stats": "{}.stats.npz", "aligned": "{}.to_target.h5", "gmm": "{}.gmm.npz",
+                "reference": "{}.ref.npz"}
 
 
 @dataclass
@@ -90,6 +96,21 @@ class Node:
         lib.check_client_id(federation)
         return lib.federation_paths(self.dir / DADIL_DIR / federation, self.name, t)
 
+    def premap_path(self, federation: str, what: str) -> Path:
+        """``dir/dadil/FEDERATION/premap/NAME.…``: the per-class stats, the train rows mapped
+        onto the target (``aligned``), the GMM, the target's reference."""
+        lib.check_client_id(federation)
+        d = self.dir / DADIL_DIR / federation / "premap"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / PREMAP_FILES[what].format(self.name)
+
+    def dadil_gmm(self, config: dict) -> Path:
+        """The GMM of the DeFed rounds: the one premap wrote (``premap`` in the message), else
+        the node config's ``gmm=``."""
+        if config.get("premap"):
+            return self.premap_path(config["federation"], "gmm")
+        return self.need("gmm")
+
 
 def _domain(path: Path, info: dict) -> str:
     return str(info["provenance"].get("domain") or path.name.split(".")[0])
@@ -135,10 +156,7 @@ def align(p: Payload, node: Node) -> Payload:
     on the node. A ``train.heads`` message that carries the reference aligns first.
     """
     tau = lib.check_tau(float(p.config["tau"]))
-    r = p.group(REFERENCE)
-    ref = lib.Reference(np.asarray(r["mean"], float), np.asarray(r["covariance"], float),
-                        np.asarray(r.get("weights", []), float), np.asarray(r.get("n", []), np.int64),
-                        dict(sha256=p.config.get("reference_sha256")))
+    ref = _reference(p.group(REFERENCE), p.config.get("reference_sha256"))
     st = lib.load_stats(node.slot_path("stats"))
     amap = lib.client_map(st, ref)
     prov = dict(reference_sha256=p.config.get("reference_sha256"), via="fedalign flower")
@@ -149,6 +167,13 @@ def align(p: Payload, node: Node) -> Payload:
         lib.align_file(node.test, node.slot_path("test"), amap, tau, provenance=prov)
         n_test = int(len(lib.read_features(node.slot_path("test"))[1]))
     return Payload({}, dict(client=node.name, aligned=True, n_test=n_test))
+
+
+def _reference(r: dict, sha256) -> "lib.Reference":
+    """The reference of a message's record (mean (d,), covariance (d, d), weights, n)."""
+    return lib.Reference(np.asarray(r["mean"], float), np.asarray(r["covariance"], float),
+                         np.asarray(r.get("weights", []), float),
+                         np.asarray(r.get("n", []), np.int64), dict(sha256=sha256))
 
 
 def heads(p: Payload, node: Node) -> Payload:
@@ -257,7 +282,8 @@ def dadil_init(p: Payload, node: Node) -> Payload:
     sp, ap = node.dadil_paths(p.config["federation"], 0)
     sp.parent.mkdir(parents=True, exist_ok=True)
     ap.parent.mkdir(parents=True, exist_ok=True)
-    st = lib.init_files(node.name, node.need("gmm"), sp, ap, force=bool(p.config.get("force")),
+    st = lib.init_files(node.name, node.dadil_gmm(p.config), sp, ap,
+                        force=bool(p.config.get("force")),
                         **dict(p.config.get("init") or {}))
     return _reply_atoms(node, st, sp, p)
 
@@ -285,7 +311,8 @@ def dadil_round(p: Payload, node: Node) -> Payload:
                                                  np.asarray(a["variances"], float),
                                                  np.asarray(a["label_logits"], float), t - 1, peer)
     st, rec = lib.relay_round(sp, ap, p.config["strategy"], int(p.config["local_steps"]),
-                              node.name, node.need("gmm"), p.config["candidates"], forwarded)
+                              node.name, node.dadil_gmm(p.config), p.config["candidates"],
+                              forwarded)
     losses = rec.get("losses") or []
     extra = dict(peers=list(rec["peers"]), loss_first=losses[0] if losses else None,
                  loss_last=losses[-1] if losses else None)
@@ -338,6 +365,61 @@ def dadil_evaluate(p: Payload, node: Node) -> Payload:
     return Payload({}, dict(client=node.name, result=res.to_json()))
 
 
+# --------------------------------------------------------------------------------------------
+# DeFed-GMM-DaDiL's first half (premap='target'): the sources onto the target's Gaussian
+# --------------------------------------------------------------------------------------------
+
+
+def class_stats(p: Payload, node: Node) -> Payload:
+    """``query.class_stats``: a source's class statistics — of ``fedalign stats --per-class``'s
+    file (``premap/NAME.stats.npz``), what ``target-reference`` reads: class counts (C,),
+    class sums (C, d), Σx (d,), Σxxᵀ (d, d)."""
+    train = node.need("train")
+    path = node.premap_path(p.config["federation"], "stats")
+    st = lib.compute_stats(train, "auto", per_class=True)
+    lib.save_stats(path, st, dict(producer="fedalign flower", source=str(train)))
+    msg = lib.class_message(lib.load_stats(path), path)
+    return Payload({"class_stats": msg}, dict(client=node.name, d=int(st.d), n=int(st.n),
+                                              class_names=list(st.class_names)))
+
+
+def target_reference(p: Payload, node: Node) -> Payload:
+    """``train.target_reference``: ``fedalign target-reference`` on the target's training rows
+    and the sources' class statistics (records ``source/ID``, in ``sources``' order), kept as
+    ``premap/NAME.ref.npz``; replies its mean (d,), covariance (d, d), n, label-shift record."""
+    train = node.need("train")
+    sources = list(p.config["sources"])
+    msgs = [{k: np.asarray(v) for k, v in p.group(f"source/{c}").items()} for c in sources]
+    ref, rec = lib.reference_from_messages(train, msgs)
+    lib.save_reference(node.premap_path(p.config["federation"], "reference"), ref,
+                       dict(producer="fedalign flower", target=str(train), sources=sources))
+    return Payload({"reference": {"mean": ref.mean, "covariance": ref.covariance}},
+                   dict(client=node.name, d=int(ref.d), n=int(ref.n[0]), label_shift=rec))
+
+
+def premap(p: Payload, node: Node) -> Payload:
+    """``train.premap``: the node's GMM for the DeFed rounds, ``premap/NAME.gmm.npz``: a source
+    maps its training rows onto the message's reference (``fedalign align --tau 1`` →
+    ``premap/NAME.to_target.h5``) and fits its labeled GMM on them, the target its unlabeled
+    GMM on its own rows (``fit-gmm [--unlabeled] -k gmm_k --seed gmm_seed``); all or none."""
+    fed, train = p.config["federation"], node.need("train")
+    gp = node.premap_path(fed, "gmm")
+    k, seed = int(p.config["gmm_k"]), int(p.config["gmm_seed"])
+    with lib.atomic_outputs() as tx:
+        if p.config["role"] == "target":
+            g = lib.fit_gmm_file(train, gp, k, seed=seed, unlabeled=True,
+                                 producer="fedalign flower")
+        else:
+            sha = p.config.get("reference_sha256")
+            amap = lib.client_map(lib.compute_stats(train), _reference(p.group("reference"), sha))
+            ap = node.premap_path(fed, "aligned")
+            lib.align_file(train, ap, amap, 1.0, provenance=lib.map_provenance(amap, sha))
+            g = lib.fit_gmm_file(tx.temporary(ap), gp, k, seed=seed, source=ap,
+                                 producer="fedalign flower")
+    return Payload({}, dict(client=node.name, role=p.config["role"], gmm=dict(
+        K=int(g.K), d=int(g.d), labeled=bool(g.labeled), sha256=lib.sha256_file(gp))))
+
+
 #: message type → handler
 HANDLERS = {}
 
@@ -348,7 +430,8 @@ def _register():
     HANDLERS.update({m.HELLO: hello, m.STATS: stats, m.ALIGN: align, m.HEADS: heads,
                      m.EVALUATE: evaluate, m.DADIL_INIT: dadil_init, m.DADIL_ROUND: dadil_round,
                      m.DADIL_ATOMS: dadil_atoms, m.DADIL_PEERS: dadil_peers,
-                     m.DADIL_EVALUATE: dadil_evaluate})
+                     m.DADIL_EVALUATE: dadil_evaluate, m.CLASS_STATS: class_stats,
+                     m.TARGET_REFERENCE: target_reference, m.PREMAP: premap})
 
 
 _register()

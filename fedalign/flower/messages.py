@@ -34,6 +34,10 @@ DADIL_ROUND = "train.dadil_round"
 DADIL_ATOMS = "query.dadil_atoms"
 DADIL_PEERS = "query.dadil_peers"
 DADIL_EVALUATE = "evaluate.dadil"
+# DeFed's first half (premap='target'): the sources onto the target's completed Gaussian
+CLASS_STATS = "query.class_stats"
+TARGET_REFERENCE = "train.target_reference"
+PREMAP = "train.premap"
 
 _JSON_KEY = "_json"
 

@@ -11,7 +11,9 @@ deployment engine and on an in-process grid (the tests).
 - :mod:`fedalign.flower.settings` — the run config, read with the command line's grammar;
 - :mod:`fedalign.flower.exchange` — the messages to the nodes, their replies, the lost nodes;
 - :mod:`fedalign.flower.slot_driver` — SLOT-Align: stats → barycenter → heads → evaluation;
-- :mod:`fedalign.flower.defed_driver` — DeFed-GMM-DaDiL: the relayed gossip.
+- :mod:`fedalign.flower.defed_driver` — DeFed-GMM-DaDiL: the relayed gossip;
+- :mod:`fedalign.flower.premap` — its first half (``premap='target'``): class statistics →
+  the target's completed reference → every node's GMM.
 
 The names of those modules that callers took from here stay importable from here.
 """

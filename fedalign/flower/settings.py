@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from fedalign.flower import _lib as lib
 
+#: ``premap`` values: off, or every source onto the target's completed Gaussian
+PREMAP = ("", "target")
+
 
 @dataclass
 class Settings:
@@ -52,6 +55,12 @@ class Settings:
     preset: str = "fedalign"
     fresh: bool = False              # start over even where states exist
     eval_seeds: str = "0"
+    # DeFed-GMM-DaDiL's first half as exchanges (fedalign.flower.premap): "" (off: each node's
+    # gmm=) or "target" (every source mapped onto the target's completed Gaussian at τ = 1)
+    premap: str = ""
+    target: str = ""                 # premap: the target's client id
+    gmm_k: int = 5                   # premap: components per class (fit-gmm -k)
+    gmm_seed: int = 0                # premap: EM seed of every node's GMM (fit-gmm --seed)
 
     @classmethod
     def from_run_config(cls, cfg) -> "Settings":
@@ -72,7 +81,26 @@ class Settings:
             raise lib.FedalignError("run config out='FOLDER' (the server's output folder) is not set")
         if s.min_clients < 1:
             raise lib.FedalignError(f"min-clients must be ≥ 1, got {s.min_clients}")
+        s._check_premap()
         return s
+
+    def _check_premap(self) -> None:
+        """``premap`` is "" or "target"; "target" needs ``target`` (a client id) and
+        ``gmm-k`` ≥ 1, ``gmm-seed`` ≥ 0."""
+        if self.premap not in PREMAP:
+            raise lib.FedalignError(f"run config premap must be '' (off) or 'target', got "
+                                    f"{self.premap!r}")
+        if self.premap and not self.target:
+            raise lib.FedalignError("run config premap='target' needs target='CLIENT' (the "
+                                    "target's client id)")
+        if self.target:
+            try:
+                lib.check_client_id(self.target)
+            except lib.FedalignError as e:
+                raise lib.FedalignError(f"run config target: {e}") from None
+        if self.gmm_k < 1 or self.gmm_seed < 0:
+            raise lib.FedalignError(f"run config gmm-k must be ≥ 1 and gmm-seed ≥ 0, got "
+                                    f"{self.gmm_k} and {self.gmm_seed}")
 
     @property
     def federation_name(self) -> str:
