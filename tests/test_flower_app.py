@@ -429,6 +429,17 @@ def test_slot_report_counts_each_clients_own_rows_after_a_drop(fresh_sites):
     assert n["ink"] != n["blocky"]
 
 
+def edit_reply(node: int, mtype: str, edit):
+    """A loopback ``tamper`` that applies ``edit`` to the arrays of ``node``'s ``mtype`` reply."""
+    def tamper(nid, mt, reply):
+        if nid == node and mt == mtype:
+            p = m.from_recorddict(reply.content)
+            edit(p.arrays)
+            reply.content = m.to_recorddict(p)
+        return reply
+    return tamper
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda a: a["stats"].update(mean=np.full_like(a["stats"]["mean"], np.nan)),
      "stats reply: 'mean' has 6 NaN/Inf values"),
@@ -439,15 +450,7 @@ def test_slot_report_counts_each_clients_own_rows_after_a_drop(fresh_sites):
 def test_slot_bad_reply_is_rejected_naming_the_node(sites, bad, message):
     root, nodes = sites
     grid = LoopbackGrid(nodes)
-
-    def tamper(nid, mtype, reply):
-        if nid == 1001 and mtype == m.STATS:
-            p = m.from_recorddict(reply.content)
-            bad(p.arrays)
-            reply.content = m.to_recorddict(p)
-        return reply
-
-    grid.tamper = tamper
+    grid.tamper = edit_reply(1001, m.STATS, bad)
     with pytest.raises(FedalignError, match=f"node blocky \\(node 1001\\): {message}"):
         run(grid, dict(method="slot", out=str(root / "bad"), heads="fedcgs", **{"min-clients": 3}),
             say=lambda *_: None)
@@ -839,15 +842,7 @@ def test_defed_premap_source_lost_is_dropped(premap_sites, lost_in):
 def test_defed_premap_bad_class_stats_are_dropped_with_a_warning(premap_sites, bad, message):
     root, nodes = premap_sites
     grid = LoopbackGrid(nodes)
-
-    def tamper(nid, mtype, reply):
-        if nid == 1001 and mtype == m.CLASS_STATS:
-            p = m.from_recorddict(reply.content)
-            bad(p.arrays["class_stats"])
-            reply.content = m.to_recorddict(p)
-        return reply
-
-    grid.tamper = tamper
+    grid.tamper = edit_reply(1001, m.CLASS_STATS, lambda a: bad(a["class_stats"]))
     with pytest.raises(FedalignError, match=f"node blocky \\(node 1001\\): {message}"):
         defed(grid, root, **{"min-clients": 3}, **PREMAP)
     rep = defed(grid, root, fresh=True, **PREMAP)
