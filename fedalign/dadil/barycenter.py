@@ -105,7 +105,9 @@ def _weights(alpha, plans) -> np.ndarray:
 def project(alpha, plans, means, stds, labels, KB):
     """B from plans: X^B = K_B Σ_a α_a π_aᵀ X_a for X = means, stds, labels."""
     A, K, _ = plans.shape
-    P = (plans * (alpha[:, None, None] * KB)).reshape(A * K, KB).T
+    if plans.shape[2] != KB:
+        raise FedalignError(f"plans of shape {plans.shape} for K_B = {KB} components")
+    P = _weights(alpha, plans).T
     return tuple(P @ X.reshape(A * K, X.shape[-1]) for X in (means, stds, labels))
 
 
