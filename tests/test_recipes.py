@@ -210,3 +210,56 @@ def test_run_lodo_fits_source_only_once_per_target_for_every_seed(mydata):
     _, rec = source_only_classifier([(X.astype(float), y) for X, y in rows])
     assert first[1] == rec and rec["cv"] == "leave-one-source-domain-out"
     assert run_lodo.source_only_fit(str(mydata), 0, ("a", "b"), "a") is None  # one source: k-fold
+
+
+def _make_results():
+    import sys
+
+    sys.path.insert(0, str(DADIL))
+    try:
+        import make_results
+    finally:
+        sys.path.remove(str(DADIL))
+    return make_results
+
+
+def _job(kind, target, seed, acc, missing=0.0):
+    accuracy = {}
+    for (m, h), v in acc.items():
+        accuracy.setdefault(m, {})[h] = [v]
+    return dict(job=dict(kind=kind), target=target, seed=seed, missing=missing,
+                result=dict(accuracy=accuracy))
+
+
+def test_goal_margins_are_paired_over_seeds_with_their_standard_error():
+    mr = _make_results()
+    so, rep = ("source-only", "logreg"), ("DeFed replacement", "auto")
+    res = [_job("main", t, s, {so: 0.5 + 0.1 * s, rep: 0.5 + 0.1 * s + gain})
+           for s, gain in ((0, 0.02), (1, 0.04)) for t in ("a", "b")]
+    res.append(_job("main", "a", 2, {so: 0.9, rep: 0.9}))      # seed 2 lacks target b: left out
+    mine = mr.per_seed_average(res, *rep)
+    assert sorted(mine) == [0, 1] and mine[1] == pytest.approx(0.64)
+    m, se, n = mr.paired(mine, mr.per_seed_average(res, *so), offset=3.0)
+    # differences 2 and 4 points, minus 3: [-1, 1] → mean 0, SE = std([-1, 1], ddof=1)/√2 = 1
+    assert (m, se, n) == (pytest.approx(0.0), pytest.approx(1.0), 2)
+    table = mr.goals_table({"digits": res}, {})
+    row = next(line for line in table.splitlines() if "DeFed replacement (auto)" in line)
+    assert "source-only + 3.0" in row and "+0.00 ± 1.00 (n = 2)" in row and "| met |" in row
+
+
+def test_goal_table_says_not_met_and_whether_within_one_standard_error():
+    mr = _make_results()
+    so, agg = ("source-only", "logreg"), ("DeFed aggregation", "auto")
+    lda = ("DeFed aggregation", "lda")
+    res = [_job("main", "u", s, {so: 0.5, agg: 0.52, lda: 0.8}) for s in (0, 1, 2)]
+    res += [_job("missing", "u", s, {agg: 0.8 - 0.01 * (3 + s), lda: 0.8 - 0.05}, missing=0.45)
+            for s in (0, 1, 2)]
+    for s in (0, 1, 2):       # the missing study's 0 % column is the main jobs' accuracy
+        res[s]["result"]["accuracy"]["DeFed aggregation"]["auto"] = [0.8]
+    table = mr.goals_table({"digits": res}, {"digits": dict(pool_wall=40 * 60)})
+    lines = table.splitlines()
+    auto = next(x for x in lines if "missing classes" in x and "(auto)" in x)
+    assert "loss +4.00" in auto and "-1.00 ± 0.58" in auto and "beyond one SE" in auto
+    lda_row = next(x for x in lines if "missing classes" in x and "(lda)" in x)
+    assert "loss +5.00" in lda_row and "**not met**" in lda_row
+    assert any("40.0 min" in x and "**not met**" in x for x in lines)
