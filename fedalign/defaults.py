@@ -15,6 +15,9 @@ TAU = 0.4
 N_ATOMS = 3
 #: Local steps E of a DeFed-GMM-DaDiL client per gossip round (``dadil-round``, the Flower app).
 LOCAL_STEPS = 5
+#: Largest seed of every seed option (``--seed``, ``--seeds``): numpy's legacy RandomState and
+#: scikit-learn's ``random_state`` (GMM fits, PCA, t-SNE, heads) take 32-bit seeds.
+MAX_SEED = 2**32 - 1
 #: Threads of the commands that work on small matrices (DaDiL rounds, consensus, evaluation).
 THREADS = 1
 #: The DaDiL presets (``fedalign.dadil.optim.PRESETS``, whose comment says what they are):

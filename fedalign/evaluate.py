@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign.defaults import MAX_SEED
 from fedalign.errors import FedalignError
 from fedalign.results import MethodResult, mean_std  # noqa: F401 (importable from here too)
 from fedalign.results import json_safe as _json_safe
@@ -281,13 +282,15 @@ def evaluate_external(method: str, inputs, tests, class_names, seeds, params) ->
 
 
 def check_seeds(seeds) -> list:
-    """Seeds as the library takes them: integers (a list, tuple or range) → sorted unique
-    ints. Front ends turn their text into integers first (the CLI's ``--seeds 0-4``:
-    ``fedalign.cli.options.parse_seeds``)."""
+    """Seeds as the library takes them: integers in [0, :data:`fedalign.defaults.MAX_SEED`]
+    (a list, tuple or range) → sorted unique ints. Front ends turn their text into integers
+    first (the CLI's ``--seeds 0-4``: ``fedalign.cli.options.parse_seeds``)."""
     out = []
     for s in seeds if seeds is not None else []:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
             raise FedalignError(f"seeds must be integers, got {s!r}")
+        if not 0 <= s <= MAX_SEED:
+            raise FedalignError(f"seeds must be in [0, 2**32 − 1 = {MAX_SEED}], got {s}")
         out.append(int(s))
     if not out:
         raise FedalignError("seeds: give at least one seed")

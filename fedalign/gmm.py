@@ -113,6 +113,17 @@ def check_gmm(g: GMM) -> None:
 LABEL_ATOL = 1e-6
 
 
+def check_n_classes(C, what: str = "number of classes", param: str | None = "n_classes") -> int:
+    """C of a GMM, given or recorded: an integer in [1, :data:`fedalign.files.MAX_CLASSES`]
+    (beyond it, a mistake: every class costs a label column in every component and atom)."""
+    from fedalign.files import MAX_CLASSES
+
+    if isinstance(C, bool) or not isinstance(C, (int, np.integer)) or not 1 <= C <= MAX_CLASSES:
+        raise FedalignError(f"{what} must be an integer in [1, {MAX_CLASSES:,}], got {C!r}",
+                            param=param)
+    return int(C)
+
+
 # --------------------------------------------------------------------------------------------
 # Fitting
 # --------------------------------------------------------------------------------------------
@@ -222,9 +233,7 @@ def fit_gmm(X, y=None, components_per_class: int = 5, n_classes: int | None = No
     C = n_classes if n_classes is not None else (len(names) or (int(y.max()) + 1 if labeled else None))
     if C is None:
         raise FedalignError(f"unlabeled data: give the number of classes ({spell('n_classes')})")
-    C = int(C)
-    if C < 1:
-        raise FedalignError(f"number of classes must be ≥ 1, got {C}")
+    C = check_n_classes(C)
     if names and len(names) != C:
         names = []
     options = dict(components_per_class=k, n_classes=C, class_weights=class_weights,
@@ -329,6 +338,8 @@ def load_gmm(path) -> GMM:
     from fedalign.files import read_npz
 
     a, meta = read_npz(path, "gmm")
+    if meta.get("n_classes") is not None:
+        check_n_classes(meta["n_classes"], f"{path}: metadata 'n_classes'", param=None)
     names = [str(s) for s in a.get("class_names", [])]
     try:
         return GMM(a["weights"], a["means"], a["variances"], a.get("labels"), names, meta=meta)

@@ -434,6 +434,12 @@ def load_stats(path, check_spd: bool = True) -> GaussianStats:
                 sum_sqnorm_y=a["sum_sqnorm_y"].astype(float) if fourth else None,
                 sum_sqnorm2=float(a["sum_sqnorm2"]) if fourth else None)
     if "class_counts" in a:
+        counts = a["class_counts"]   # each within ±2**53 (read_npz); summed exactly
+        total = sum(int(c) for c in counts)
+        if int(counts.min()) < 0 or total > n:
+            shown = np.array2string(counts, threshold=8, max_line_width=1000)
+            raise FedalignError(f"{path}: 'class_counts' must be ≥ 0 and sum to at most n={n} "
+                                f"(the labeled rows), got {shown} (sum {total})")
         m.n_classes = len(a["class_counts"])
         m.class_counts = a["class_counts"].astype(np.int64)
         m.class_sums = a["class_sums"].astype(float)

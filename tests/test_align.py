@@ -147,3 +147,42 @@ def test_client_maps_equal_client_map_per_client():
         one = client_map(st, ref, client=c, domain=dm)
         np.testing.assert_array_equal(mp.A, one.A)
         assert mp.meta == one.meta
+
+
+@pytest.mark.parametrize("weights, n, message", [
+    ([0.25, 0.25], [300, 350], r"'weights' \(the clients' w_k\) must be ≥ 0 and sum to 1, got "
+                               r"\[0.25 0.25\] \(sum 0.5\)$"),
+    ([1.5, -0.5], [300, 350], r"'weights' .* must be ≥ 0 and sum to 1, got \[ 1.5 -0.5\] \(sum 1\)$"),
+    ([0.5, 0.5], [300, 0], r"'n' \(the clients' row counts\) must be ≥ 1, got \[300   0\]$"),
+], ids=["sum-0.5", "negative", "n-0"])
+def test_reference_with_bad_weights_or_counts_is_refused(federation, tmp_path, weights, n, message):
+    """A reference's w_k are ≥ 0 and sum to 1 and its n_k ≥ 1 (every writer makes them so):
+    anything else is a damaged or hand-edited file."""
+    _, stats = federation
+    ref = make_reference(stats[:2], "samples")
+    good = save_reference(tmp_path / "ref.npz", ref)
+    d = dict(np.load(good))
+    d.update(weights=np.array(weights, float), n=np.array(n, np.int64))
+    np.savez(tmp_path / "bad.npz", **d)
+    with pytest.raises(FedalignError, match=message):
+        load_reference(tmp_path / "bad.npz")
+    np.testing.assert_allclose(load_reference(good).weights, ref.weights)   # the writer's: read
+
+
+def test_references_the_tool_writes_are_read(federation, tmp_path, feature_file):
+    """Round trip: the barycenter (sample and uniform weights, one client) and the target's
+    completed reference (one weight 1, n = the target's rows) are read back as written."""
+    from fedalign.label_shift import reference_from_files
+    from fedalign.stats import save_stats
+
+    files, stats = federation
+    for i, (weights, sts) in enumerate((("samples", stats), ("uniform", stats), ("samples", stats[:1]))):
+        ref = make_reference(sts, weights)
+        back = load_reference(save_reference(tmp_path / f"r{i}.npz", ref))
+        np.testing.assert_array_equal(back.weights, ref.weights)
+        np.testing.assert_array_equal(back.n, ref.n)
+    srcs = [save_stats(tmp_path / f"s{k}.npz", compute_stats(p, per_class=True))
+            for k, (p, _, _) in enumerate(files[:2])]
+    ref, _ = reference_from_files(files[2][0], srcs)
+    back = load_reference(save_reference(tmp_path / "t.npz", ref))
+    assert back.weights.tolist() == [1.0] and back.n.tolist() == [400]

@@ -860,6 +860,176 @@ def test_class9_non_finite_negative_and_repeated_values_are_refused(here, args, 
 
 
 # --------------------------------------------------------------------------------------------
+# Class 9 (continued): bounds — 32-bit seeds, and the values no writer of fedalign writes
+# --------------------------------------------------------------------------------------------
+
+SEED_OVER = str(2**32)   # MAX_SEED + 1: scikit-learn's random_state refused it with a traceback
+
+
+def _process_env() -> dict:
+    """The environment of a ``fedalign`` process that runs the fedalign this test imported
+    (its folder first on PYTHONPATH, whatever an installed copy points at)."""
+    import fedalign
+
+    root = str(Path(fedalign.__file__).resolve().parents[1])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+
+def refused_by_process(here, *args, match):
+    """``refused`` through a real ``python -m fedalign`` process (its own parser and exit)."""
+    before = snapshot(here)
+    r = subprocess.run([sys.executable, "-m", "fedalign", *map(str, args)], env=_process_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (args, r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and not r.stdout.strip(), r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert re.search(match, lines[0]), lines[0]
+    assert snapshot(here) == before, "the folder changed"
+    return lines[0]
+
+
+def test_class9_a_seed_of_2_32_is_refused_by_a_fedalign_process(here):
+    import fedalign
+
+    r = subprocess.run([sys.executable, "-c", "import fedalign; print(fedalign.__file__)"],
+                       env=_process_env(), capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == fedalign.__file__             # the code under test runs
+    refused_by_process(here, "fit-gmm", "a.h5", "-o", "g.npz", "--seed", SEED_OVER,
+                       match=r"Invalid value for '--seed'.* less than or equal to 4294967295")
+    refused_by_process(here, "evaluate", "-m", "fedcgs", "--train", "a.h5", "--test",
+                       "a.test.h5", "--json", "r2.json", "--seeds", f"0,{SEED_OVER}",
+                       match=re.escape("--seeds: seeds must be ≤ 4294967295 = 2**32 − 1 "
+                                       "(scikit-learn and numpy's legacy generators take 32-bit "
+                                       "seeds), got 4294967296"))
+
+
+@pytest.mark.parametrize("args, match", [
+    (["dadil-round", "--init", "--client", "n0", "--gmm", "a.gmm.npz", "--state", "n.state.npz",
+      "-o", "n.npz", "--seed", SEED_OVER], "'--seed'"),
+    (["consensus", "fed", "-o", "c.json", "--seed", SEED_OVER], "'--seed'"),
+    (["partition", "a.h5", "-o", "p", "--seed", SEED_OVER], "'--seed'"),
+    (["plot", "embedding", "a.h5", "-o", "e.png", "--seed", SEED_OVER], "'--seed'"),
+    (["stats", "a.h5", "-o", "s.npz", "--dp-epsilon", "1", "--dp-delta", "1e-5", "--clip", "1",
+      "--seed", SEED_OVER], "'--seed'"),
+    (["demo-data", "demo", "--seed", SEED_OVER], "'--seed'"),
+    (["dadil-evaluate", "--test", "a.test.h5", "--state", "c0.state.npz", "--json", "e.json",
+      "--seeds", "4294967295-4294967296"], "--seeds: seeds must be ≤ 4294967295"),
+], ids=["dadil-init", "consensus", "partition", "plot", "stats-dp", "demo-data", "seeds-range"])
+def test_class9_seeds_beyond_32_bits_are_refused_by_every_command(here, args, match):
+    refused(here, *args, match=match)
+
+
+def test_class9_the_largest_seed_is_taken(here):
+    _ok("fit-gmm", "a.h5", "-o", "g.npz", "-k", "1", "--seed", str(2**32 - 1))
+    _ok("evaluate", "-m", "fedcgs", "--train", "a.h5", "--test", "a.test.h5", "--seeds",
+        str(2**32 - 1))
+    assert Path("g.npz").exists()
+
+
+def _edit_arrays(src, dst, **arrays):
+    """A copy of ``src`` with arrays replaced (None removes one), by hand."""
+    d = dict(np.load(src))
+    for k, v in arrays.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = np.asarray(v)
+    np.savez(dst, **d)
+
+
+@pytest.mark.parametrize("src, arrays, match", [
+    ("a.gmm.npz", dict(weights=np.zeros(0), means=np.zeros((0, 4)), variances=np.ones((0, 4)),
+                       labels=np.zeros((0, 3))),
+     r"array 'weights' has shape \(0,\): K must be at least 1$"),
+    ("ref.npz", dict(weights=np.zeros(0), n=np.zeros(0, np.int64)),
+     r"array 'weights' has shape \(0,\): K must be at least 1$"),
+    ("a.stats.npz", dict(n=np.int64(2**53 + 1)),
+     r"array 'n' holds the integer 9007199254740993, beyond ±2\*\*53"),
+    ("c0.state.npz", dict(round=np.int64(2**60)),
+     r"array 'round' holds the integer 1152921504606846976, beyond ±2\*\*53"),
+    ("c0.state.npz", dict(rng_state=np.array([-1, 0, 0, 1, 0, 0], np.int64)),
+     r"array 'rng_state' must hold unsigned words, got -1$"),
+    ("ref.npz", dict(weights=np.array([0.25, 0.25])),
+     r"reference 'weights' \(the clients' w_k\) must be ≥ 0 and sum to 1, got \[0.25 0.25\] "
+     r"\(sum 0.5\)$"),
+    ("ref.npz", dict(weights=np.array([1.5, -0.5])), r"must be ≥ 0 and sum to 1, got \[ 1.5 -0.5\]"),
+    ("ref.npz", dict(n=np.array([40, 0])),
+     r"reference 'n' \(the clients' row counts\) must be ≥ 1, got \[40 0\]$"),
+], ids=["gmm-K0", "reference-K0", "stats-n-2^53", "state-round-2^60", "state-rng-negative",
+        "reference-weights-0.5", "reference-weights-negative", "reference-n-0"])
+def test_class9_npz_values_no_writer_writes_are_refused(here, src, arrays, match):
+    """Hand-edited files: a zero-size dimension, an integer beyond 2**53, negative generator
+    words, reference weights that are not a distribution or a client of no rows."""
+    _edit_arrays(src, "x.npz", **arrays)
+    refused(here, *NPZ_READERS[src], match=match)
+
+
+@pytest.mark.parametrize("counts, match", [
+    ([-1, 20, 21], r"got \[-1 20 21\] \(sum 40\)$"),
+    ([20, 20, 1], r"got \[20 20 1\] \(sum 41\)$"),
+], ids=["negative", "sum-past-n"])
+def test_class9_per_class_stats_with_impossible_class_counts_are_refused(here, counts, match):
+    _ok("stats", "a.h5", "-o", "pc.stats.npz", "--per-class")
+    _edit_arrays("pc.stats.npz", "x.npz", class_counts=np.array(counts, np.int64))
+    for args in (["target-reference", "u.h5", "x.npz", "-o", "t.ref.npz"],
+                 ["barycenter", "x.npz", "b.stats.npz", "-o", "o.npz"]):
+        line = refused(here, *args, match=match)
+        assert "'class_counts' must be ≥ 0 and sum to at most n=40 (the labeled rows)" in line
+
+
+@pytest.mark.parametrize("n_classes, match", [
+    (0, r"metadata 'n_classes' must be an integer in \[1, 100,000\], got 0$"),
+    (100_001, r"metadata 'n_classes' must be an integer in \[1, 100,000\], got 100001$"),
+    (True, r"metadata 'n_classes' must be an integer, got bool true$"),
+], ids=["0", "max+1", "bool"])
+def test_class9_gmm_whose_recorded_class_count_is_impossible_is_refused(here, n_classes, match):
+    """An unlabeled GMM's C is its fit record's n_classes (the DaDiL state's label columns)."""
+    _edit_meta("u.gmm.npz", "x.npz", n_classes=n_classes)
+    refused(here, "dadil-round", "--init", "--client", "n", "--gmm", "x.npz", "--state", "s.npz",
+            "-o", "o.npz", match=match)
+    refused(here, "dadil-evaluate", "--test", "a.test.h5", "--gmm", "a.gmm.npz", "--target-gmm",
+            "x.npz", "--json", "e.json", match=match)
+
+
+def test_class9_files_the_tool_writes_are_read_back(here):
+    """Round trip: what the commands write passes the readers' new bounds — per-class stats
+    (also of a partly labeled file: class counts below n), the barycenter and the target's
+    reference, unlabeled GMMs, fresh and advanced DaDiL states (uint64 generator words)."""
+    from fedalign.align import load_reference
+    from fedalign.dadil.state import load_state
+    from fedalign.files import read_features
+    from fedalign.gmm import load_gmm
+    from fedalign.stats import load_stats
+
+    X, y, _ = read_features("a.h5")
+    write_features("half.h5", X, np.where(np.arange(len(y)) % 2 == 0, y, -1),
+                   [f"r{i}" for i in range(len(y))], ["c0", "c1", "c2"])
+    _ok("stats", "a.h5", "-o", "pa.stats.npz", "--per-class")
+    _ok("stats", "half.h5", "-o", "ph.stats.npz", "--per-class", "--compact")
+    st = load_stats("ph.stats.npz")
+    assert 0 < st.moments.class_counts.sum() < st.n == 40
+    _ok("target-reference", "u.h5", "pa.stats.npz", "ph.stats.npz", "-o", "t.ref.npz")
+    _ok("align", "b.h5", "t.ref.npz", "--tau", "1", "-o", "b.t.h5")
+    _ok("barycenter", "pa.stats.npz", "ph.stats.npz", "-o", "u.ref.npz", "--weights", "uniform")
+    _ok("align", "a.h5", "u.ref.npz", "-o", "a.u.h5")
+    for ref, n in (("t.ref.npz", [40]), ("u.ref.npz", [40, 40]), ("ref.npz", [40, 40])):
+        r = load_reference(ref)
+        assert r.n.tolist() == n and abs(r.weights.sum() - 1) < 1e-12
+    _ok("fit-gmm", "u.h5", "-o", "u2.gmm.npz", "-k", "1", "--n-classes", "3", "--seed",
+        str(2**32 - 1))
+    assert load_gmm("u2.gmm.npz").meta["n_classes"] == 3
+    _ok("dadil-round", "--init", "--client", "n0", "--gmm", "u2.gmm.npz", "--state",
+        "n0.state.npz", "-o", "n0.atoms.npz", "--n-atoms", "2", "--seed", str(2**32 - 1))
+    _ok("dadil-round", "--state", "n0.state.npz", "--local-steps", "1", "-o", "n0.r1.atoms.npz",
+        "fed/c0.atoms.npz")
+    for state, rounds in (("n0.state.npz", 1), ("c0.state.npz", 1), ("c1.state.npz", 0)):
+        assert read_npz(state, "state")[0]["rng_state"].dtype == np.uint64
+        assert load_state(state).round == rounds
+
+
+# --------------------------------------------------------------------------------------------
 # The mechanisms themselves (fedalign.files, fedalign.interrupt, the CLI's wording)
 # --------------------------------------------------------------------------------------------
 

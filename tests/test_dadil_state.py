@@ -104,8 +104,8 @@ def test_rng_serialisation_refuses_a_generator_other_than_pcg64():
 
 
 def test_rng_words_stored_as_signed_integers_restore_the_same_generator():
-    """A state file may hold its six words as int64 (the schema takes any integer type): the
-    words are read as their unsigned bits, so the generator continues with the same draws."""
+    """Words given as int64 are read as their unsigned bits, so the generator continues with
+    the same draws (a state file's int64 words must be ≥ 0: the schema's "u" kind)."""
     rng = client_rng(0, "c0")
     rng.random(3)
     words = rng_to_array(rng).astype(np.int64)
@@ -247,7 +247,9 @@ BAD_STATES = {
     "rng of 5 words": (dict(rng_state=np.arange(5, dtype=np.uint64)), None,
                        "rng_state must be the 6 words of a PCG64 state"),
     "rng negative": (dict(rng_state=np.array([-1, 0, 0, 1, 0, 0])), None,
-                     "rng_state must be the 6 words of a PCG64 state"),
+                     "array 'rng_state' must hold unsigned words, got -1"),
+    "rng of floats": (dict(rng_state=np.array([0.0, 1, 0, 1, 0, 0])), None,
+                      "array 'rng_state' must be integer, got float64"),
     "rng all zero": (dict(rng_state=np.zeros(6, dtype=np.uint64)), None,   # looped forever
                      r"rng_state is not a PCG64 state \(even increment\)"),
     "rng has_uint32 2": (dict(rng_state=np.array([0, 1, 0, 1, 2, 0], dtype=np.uint64)), None,
@@ -271,7 +273,8 @@ def test_a_bad_state_file_is_refused_naming_the_problem(tmp_path, case):
     changes, meta, message = BAD_STATES[case]
     meta = {"client": "c0"} if meta is None else meta
     arrays = state_arrays(**changes)
-    if case in ("alpha for 3 atoms", "floor of 3"):   # write_npz itself refuses these: by hand
+    if case in ("alpha for 3 atoms", "floor of 3", "rng negative", "rng of floats"):
+        # write_npz itself refuses these: by hand
         np.savez(tmp_path / "s.npz", **arrays, __kind__=np.array("state"),
                  __format_version__=np.array(2), __meta__=np.array(json.dumps(meta)))
     else:
@@ -453,7 +456,27 @@ def test_fresh_client_takes_the_class_count_from_the_argument_when_the_gmm_has_n
         init_client("c0", labeled_gmm(2), n_classes=3)
 
 
+def test_state_writer_refuses_what_the_reader_refuses(tmp_path):
+    """write_npz checks the same schema: negative words or a round beyond 2**53 are never
+    written (the state the client holds is unchanged on disk)."""
+    for changes, message in ((dict(rng_state=np.array([-1, 0, 0, 1, 0, 0])),
+                              "array 'rng_state' must hold unsigned words, got -1"),
+                             (dict(round=np.int64(2**53 + 1)),
+                              r"array 'round' holds the integer 9007199254740993, beyond ±2\*\*53")):
+        with pytest.raises(FedalignError, match=message):
+            write_npz(tmp_path / "s.npz", "state", state_arrays(**changes), {"client": "c0"})
+        assert not (tmp_path / "s.npz").exists()
+    top = np.array([2**64 - 1, 2**64 - 1, 0, 1, 0, 0], dtype=np.uint64)   # the largest words
+    write_npz(tmp_path / "s.npz", "state", state_arrays(rng_state=top), {"client": "c0"})
+    np.testing.assert_array_equal(read_npz(tmp_path / "s.npz", "state")[0]["rng_state"], top)
+    assert load_state(tmp_path / "s.npz").rng.bit_generator.state["state"]["state"] == 2**128 - 1
+
+
 @pytest.mark.parametrize("kw, message", [
+    (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*32 − 1 = 4294967295\], got -1"),
+    (dict(seed=2**32), r"seed must be an integer in \[0, 2\*\*32 − 1 = 4294967295\], got 4294967296"),
+    (dict(seed=True), r"seed must be an integer .*got True"),
+    (dict(seed=1.5), r"seed must be an integer .*got 1.5"),
     (dict(n_atoms=0), "the number of atoms must be ≥ 1, got 0"),
     (dict(n_components=0), "the number of components must be ≥ 1, got 0"),
     (dict(client="bad id"), "invalid client id"),

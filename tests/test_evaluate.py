@@ -190,6 +190,10 @@ def test_library_takes_typed_seeds_and_params():
     for bad in ([], None, ["0"], [1.5], [True]):
         with pytest.raises(FedalignError, match="seeds"):
             check_seeds(bad)
+    for bad in ([-1], [0, 2**32], [np.int64(-5)]):      # the CLI's range: [0, 2**32 − 1]
+        with pytest.raises(FedalignError, match=r"^seeds must be in \[0, 2\*\*32 − 1 = 4294967295\], got "):
+            check_seeds(bad)
+    assert check_seeds([2**32 - 1, np.uint32(7)]) == [7, 2**32 - 1]
     params = {"fedpft": {"epochs": "5"}}
     assert check_params(params, ["fedpft", "fedcgs"]) == params and check_params(None, []) == {}
     with pytest.raises(FedalignError, match="params for a method not requested: fedpft"):

@@ -85,3 +85,66 @@ def test_check_spd_lives_in_linalg_and_files_re_exports_it():
     code = "import sys, fedalign.files; print('torch' in sys.modules, 'h5py' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stderr
+
+
+def _by_hand(path, kind, version=1, **arrays):
+    """An npz of ``kind`` written around the validating writer (as a damaged or edited file)."""
+    np.savez(path, __kind__=np.array(kind), __format_version__=np.array(version),
+             __meta__=np.array("{}"), **arrays)
+    return path
+
+
+@pytest.mark.parametrize("kind, arrays, message", [
+    ("map", dict(A=np.zeros((0, 0)), b=np.zeros(0)), r"array 'A' has shape \(0, 0\): d must be at least 1"),
+    ("gmm", dict(weights=np.zeros(0), means=np.zeros((0, 3)), variances=np.ones((0, 3))),
+     r"array 'weights' has shape \(0,\): K must be at least 1"),
+    ("gmm", dict(weights=np.ones(1), means=np.zeros((1, 3)), variances=np.ones((1, 3)),
+                 labels=np.zeros((1, 0))), r"array 'labels' has shape \(1, 0\): C must be at least 1"),
+    ("reference", dict(mean=np.zeros(2), covariance=np.eye(2), weights=np.zeros(0),
+                       n=np.zeros(0, np.int64)), r"array 'weights' has shape \(0,\): K must be at least 1"),
+], ids=["map-d0", "gmm-K0", "gmm-C0", "reference-K0"])
+def test_a_zero_size_dimension_is_refused_by_reader_and_writer(tmp_path, kind, arrays, message):
+    """No kind has a meaning for an empty dimension (zero atoms, components, classes or
+    features): the reader refuses it naming the array and the symbol; the writer too."""
+    with pytest.raises(FedalignError, match=message):
+        read_npz(_by_hand(tmp_path / "z.npz", kind, **arrays), kind)
+    with pytest.raises(FedalignError, match=message):
+        write_npz(tmp_path / "w.npz", kind, arrays)
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_integers_beyond_2_53_are_refused_and_2_53_itself_is_read(tmp_path):
+    """Counts and rounds enter float64 arithmetic, exact up to 2**53: beyond, in either sign
+    and in any integer dtype, the file is damaged."""
+    from fedalign.files import MAX_INTEGER
+
+    assert MAX_INTEGER == 2**53
+    arrays = dict(mean=np.zeros(2), covariance=np.eye(2), weights=np.array([0.5, 0.5]))
+    for n, shown in ((np.array([2**53 + 1, 1], np.int64), 2**53 + 1),
+                     (np.array([1, -(2**53) - 1], np.int64), -(2**53) - 1),
+                     (np.array([2**64 - 1, 1], np.uint64), 2**64 - 1)):
+        p = _by_hand(tmp_path / "r.npz", "reference", n=n, **arrays)
+        with pytest.raises(FedalignError, match=f"array 'n' holds the integer {shown}, beyond "
+                                                r"±2\*\*53 \(a count or a round\): a damaged file$"):
+            read_npz(p, "reference")
+        with pytest.raises(FedalignError, match="beyond ±2"):
+            write_npz(tmp_path / "w.npz", "reference", dict(arrays, n=n))
+    assert not (tmp_path / "w.npz").exists()
+    p = write_npz(tmp_path / "ok.npz", "reference", dict(arrays, n=np.array([2**53, 1])))
+    assert read_npz(p, "reference")[0]["n"].tolist() == [2**53, 1]
+
+
+def test_unsigned_words_take_any_unsigned_value_and_no_negative_one(tmp_path):
+    """The "u" kind (a generator's 64-bit words): every uint64 value is read, the magnitude
+    bound of numbers does not apply; an int64 array is read when no word is negative; a
+    float array is not integer."""
+    from fedalign.files.schemas import Schema, _validate_arrays
+
+    sch = Schema("words", 1, {"w": (("six",), "u")})
+    top = np.full(6, 2**64 - 1, np.uint64)
+    assert _validate_arrays({"w": top}, sch, "s") == {"six": 6}
+    assert _validate_arrays({"w": np.arange(6)}, sch, "s") == {"six": 6}
+    with pytest.raises(FedalignError, match=r"^s: array 'w' must hold unsigned words, got -3$"):
+        _validate_arrays({"w": np.array([0, 1, -3, 0, 0, 0])}, sch, "s")
+    with pytest.raises(FedalignError, match=r"^s: array 'w' must be integer, got float64$"):
+        _validate_arrays({"w": np.zeros(6)}, sch, "s")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 
 import numpy as np
 import pytest
@@ -217,3 +219,49 @@ def test_refit_gmm_reuses_the_recorded_fit_options():
     np.testing.assert_array_equal(refit_gmm(fixed, X[:80], y[:80]).variances,
                                   fit_gmm(X[:80], y[:80], 2, n_classes=3, min_var=0.5).variances)
     assert refit_gmm(g, X[:80], y[:80], n_classes=4).n_classes == 4     # an override wins
+
+
+@pytest.mark.parametrize("C", [0, -2, True, 2.0, "3", 100_001])
+def test_class_count_is_an_integer_from_1_to_max_classes(C):
+    from fedalign.files import MAX_CLASSES
+    from fedalign.gmm import check_n_classes
+
+    assert MAX_CLASSES == 100_000
+    with pytest.raises(FedalignError, match=r"^number of classes must be an integer in "
+                                            rf"\[1, 100,000\], got {re.escape(repr(C))}$"):
+        check_n_classes(C)
+    assert [check_n_classes(c) for c in (1, np.int64(3), MAX_CLASSES)] == [1, 3, MAX_CLASSES]
+    X, y = blobs(n=60, seed=2)
+    with pytest.raises(FedalignError, match="number of classes must be an integer"):
+        fit_gmm(X, None, 1, n_classes=C)        # an unlabeled fit takes C from the argument
+
+
+@pytest.mark.parametrize("n_classes, message", [
+    (0, r"metadata 'n_classes' must be an integer in \[1, 100,000\], got 0$"),
+    (100_001, r"metadata 'n_classes' must be an integer in \[1, 100,000\], got 100001$"),
+    (True, r"metadata 'n_classes' must be an integer, got bool true$"),
+], ids=["0", "max+1", "bool"])
+def test_gmm_file_with_a_bad_recorded_class_count_is_refused(tmp_path, n_classes, message):
+    """An unlabeled GMM's C is its fit record's n_classes: 0, a bool or more than
+    MAX_CLASSES is refused on reading (the file fit_gmm writes is read back)."""
+    X, _ = blobs(n=90, seed=5)
+    g = fit_gmm(X, None, 1, n_classes=3)
+    good = save_gmm(tmp_path / "g.npz", g)
+    assert load_gmm(good).meta["n_classes"] == 3
+    d = dict(np.load(good))
+    d["__meta__"] = np.array(json.dumps(dict(json.loads(str(d["__meta__"])), n_classes=n_classes)))
+    np.savez(tmp_path / "bad.npz", **d)
+    with pytest.raises(FedalignError, match=message):
+        load_gmm(tmp_path / "bad.npz")
+
+
+def test_cli_fit_gmm_unlabeled_without_class_names_reports_c(feature_file, tmp_path):
+    """fit-gmm's summary takes C from the fit record: an unlabeled file whose class names are
+    not kept (--n-classes differs from them) was a TypeError traceback before."""
+    path, _, _ = feature_file("u.h5", n=90, d=4, n_classes=3, unlabeled=True)
+    out = tmp_path / "u.gmm.npz"
+    r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(out), "-k", "2", "--n-classes", "2"])
+    assert r.exit_code == 0, r.output
+    g = load_gmm(out)
+    assert g.n_classes is None and g.meta["n_classes"] == 2
+    assert "C·k = 2·2" in r.stderr and "None" not in r.stderr

@@ -34,6 +34,62 @@ def test_parse_seeds_ranges_lists_and_errors():
         parse_seeds(["x"], flag="--eval-seeds")
 
 
+def test_parse_seeds_refuses_seeds_beyond_32_bits():
+    """scikit-learn's random_state and numpy's legacy generators take seeds < 2**32: a larger
+    one is one error naming the bound (a traceback deep in a head before), in a list or a range."""
+    assert defaults.MAX_SEED == 2**32 - 1
+    assert parse_seeds([str(2**32 - 1)]) == [2**32 - 1]
+    assert parse_seeds(["4294967294-4294967295"]) == [2**32 - 2, 2**32 - 1]
+    message = r"^--seeds: seeds must be ≤ 4294967295 = 2\*\*32 − 1 \(.*\), got 4294967296$"
+    for values in (["4294967296"], ["0", "4294967296"], ["4294967290-4294967296"]):
+        with pytest.raises(FedalignError, match=message):
+            parse_seeds(values)
+    with pytest.raises(FedalignError, match=r"^run config seeds: seeds must be ≤ 4294967295 "):
+        parse_seeds([str(2**64)], flag="run config seeds")
+
+
+def _commands(group, prefix=()):
+    """(command path, click command) of every subcommand of a click group, nested ones too."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, prefix + (name,))
+        else:
+            yield " ".join(prefix + (name,)), cmd
+
+
+def test_every_seed_option_declares_the_32_bit_range():
+    """Every integer seed option of every command (--seed, -L's seed, --init: --seed) is
+    declared [0, MAX_SEED], so the parser refuses 2**32 by name before any file is read."""
+    import typer.main
+
+    seen = []
+    for path, cmd in _commands(typer.main.get_command(app)):
+        for p in cmd.params:
+            if "seed" in p.name and not p.name.startswith("seeds"):
+                seen.append(f"{path} {p.opts[0]}")
+                assert (p.min, p.max) == (0, defaults.MAX_SEED), (path, p.name)
+    assert {"fit-gmm --seed", "dadil-round --seed", "consensus --seed", "partition --seed",
+            "stats --seed", "plot embedding --seed", "plot reconstruction --seed",
+            "demo-data --seed", "extract --seed", "dadil-simulate --seed"} <= set(seen), seen
+
+
+def test_run_config_seeds_take_the_command_lines_bounds():
+    """The Flower run config's seeds (seeds, eval-seeds: parse_seeds; dadil-seed, gmm-seed:
+    as --seed) are refused beyond 2**32 − 1 or below 0, naming the key."""
+    from fedalign.flower.settings import Settings
+
+    assert Settings.seed_list("4294967295") == [2**32 - 1]
+    with pytest.raises(FedalignError, match=r"^run config eval-seeds: seeds must be ≤ 4294967295"):
+        Settings.seed_list("0, 4294967296", "eval-seeds")
+    for key in ("dadil-seed", "gmm-seed"):
+        s = Settings.from_run_config({"out": "/x", key: 2**32 - 1})
+        assert getattr(s, key.replace("-", "_")) == 2**32 - 1
+        for bad in (2**32, -1):
+            with pytest.raises(FedalignError, match=rf"^run config {key} must be in \[0, 2\*\*32 − 1 "
+                                                    rf"= 4294967295\], got {bad}$"):
+                Settings.from_run_config({"out": "/x", key: str(bad)})
+
+
 def test_parse_params_shrinkage_alpha():
     assert parse_params(["fedpft.epochs=5", "ofedavg.lr=0.1"]) == {"fedpft": {"epochs": "5"},
                                                                    "ofedavg": {"lr": "0.1"}}

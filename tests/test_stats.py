@@ -1,5 +1,7 @@
 """Streaming moments and Ledoit–Wolf against scikit-learn (independent oracle)."""
 
+import re
+
 import numpy as np
 import pytest
 from sklearn.covariance import LedoitWolf
@@ -82,3 +84,35 @@ def test_constant_features_are_finite():
     m = Moments(4).update(X)
     C, s = shrunk_covariance(m)
     assert np.all(np.isfinite(C)) and np.allclose(C, 0)
+
+
+def _with_class_counts(src, dst, counts):
+    """A copy of the stats file ``src`` whose ``class_counts`` are replaced, by hand."""
+    d = dict(np.load(src))
+    d["class_counts"] = np.asarray(counts, dtype=np.int64)
+    np.savez(dst, **d)
+    return dst
+
+
+def test_class_counts_must_be_non_negative_and_at_most_n(feature_file, tmp_path):
+    """The class counts are of the labeled rows: none negative, and together at most n. A
+    file with fewer (unlabeled rows) and the file the writer wrote are read."""
+    p, X, y = feature_file(n=60, d=3, n_classes=3)
+    good = save_stats(tmp_path / "s.npz", compute_stats(p, per_class=True))
+    counts = np.bincount(y, minlength=3)
+    assert load_stats(good).moments.class_counts.tolist() == counts.tolist()   # sum == n
+    for bad, shown in (([-1, 30, 31], "[-1 30 31] (sum 60)"), ([30, 30, 1], "[30 30  1] (sum 61)")):
+        with pytest.raises(FedalignError, match=re.escape("'class_counts' must be ≥ 0 and sum to "
+                                                          f"at most n=60 (the labeled rows), got {shown}")):
+            load_stats(_with_class_counts(good, tmp_path / "bad.npz", bad))
+    fewer = load_stats(_with_class_counts(good, tmp_path / "fewer.npz", [10, 0, 20]))
+    assert fewer.moments.class_counts.tolist() == [10, 0, 20]
+    # counts whose int64 sum would wrap around: the sum is exact
+    huge = [2**53] * 1024
+    d = dict(np.load(good))
+    d["class_counts"] = np.array(huge, np.int64)
+    d["class_sums"] = np.zeros((1024, 3))
+    d.pop("class_names", None)
+    np.savez(tmp_path / "wrap.npz", **d)
+    with pytest.raises(FedalignError, match=r"sum to at most n=60 .*\(sum 9223372036854775808\)$"):
+        load_stats(tmp_path / "wrap.npz")

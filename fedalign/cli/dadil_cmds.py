@@ -66,7 +66,7 @@ INIT_OPTIONS = {
 #: The ranges the parser checks (typer's ``min``/``max``). The open ones (``--lr``,
 #: ``--lr-alpha``, the variance floors: > 0) are the library's to check.
 INIT_RANGES = {"n_atoms": dict(min=1), "n_components": dict(min=1), "n_classes": dict(min=1),
-               "lr_decay": dict(min=0), "seed": dict(min=0)}
+               "lr_decay": dict(min=0), "seed": dict(min=0, max=defaults.MAX_SEED)}
 
 
 def init_option(name: str, prefix: str = ""):
@@ -171,7 +171,7 @@ def consensus_cmd(
     output: Optional[Path] = output_option("Report (.json) with M_ij(t).", required=False),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of the consensus curves."),
     n_weights: int = typer.Option(10, "--n-weights", "-L", min=1, help="Common weight vectors: the A vertices, then Dirichlet(1) draws."),
-    seed: int = typer.Option(0, min=0, help="Seed of the Dirichlet weight vectors."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Seed of the Dirichlet weight vectors."),
     every: int = typer.Option(1, min=1, help="Analyse every N-th round (and the last)."),
     threads: int = threads_option(),
 ):

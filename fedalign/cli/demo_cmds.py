@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import command
 from fedalign.cli.console import err
 
@@ -15,7 +17,7 @@ def demo_data_cmd(
     output: Path = typer.Argument(..., help="Folder to create: OUTPUT/<domain>/<digit>/<i>.png."),
     per_domain: int = typer.Option(200, min=1, help="Images per domain (≤ 599)."),
     size: int = typer.Option(32, min=8, help="Image side in pixels (≥ 8)."),
-    seed: int = typer.Option(0, min=0, help="Split and style seed."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Split and style seed."),
 ):
     """Render scikit-learn's bundled digits in three visual styles (ink, neon, blocky).
 

@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
 from fedalign.cli.options import output_option
@@ -44,7 +46,7 @@ def extract_cmd(
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore classes/labels: every label is -1."),
     root: Optional[Path] = typer.Option(None, help="Folder that relative paths of a list file are resolved against (default: the list's folder)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave unreadable images out (listed in the file's 'skipped' attribute) instead of failing."),
-    seed: int = typer.Option(0, min=0, help="Seed for --weights random."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Seed for --weights random."),
     image_size: int = typer.Option(0, min=0, help="Square input size (0: the model's default from timm)."),
 ):
     """Frozen timm encoder → pooled pre-logits features (HDF5), resumable.

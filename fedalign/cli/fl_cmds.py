@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import command
 from fedalign.cli.console import err, fold_notes, out, progress_bar
 from fedalign.cli.options import json_option, output_option, seeds_option
@@ -56,7 +58,7 @@ def partition_cmd(
     domains: List[Path] = typer.Argument(..., help="One labeled features file (.h5) per domain; the domain name is the file stem."),
     output: Path = output_option("Output folder."),
     alpha: str = typer.Option("0.1", help="Dirichlet concentration of the label shift, or 'none' (domain shift only)."),
-    seed: int = typer.Option(0, min=0, help="Random seed (the split and the draw are deterministic)."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Random seed (the split and the draw are deterministic)."),
     test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction."),
     clients_per_domain: int = typer.Option(1, min=1, help="Clients per domain (M)."),
     drop: Optional[List[str]] = typer.Option(

@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
 from fedalign.cli.options import chunk_rows_option, output_option, parse_shrinkage, tau_option
@@ -46,7 +48,7 @@ def stats_cmd(
     dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="δ of the DP release, in (0, 1)."),
     clip: Optional[float] = typer.Option(None, "--clip", help="L2 norm C every row is clipped to for the DP release (> 0)."),
     dp_mechanism: str = typer.Option("analytic", "--dp-mechanism", help="analytic (Balle & Wang's exact calibration, default) or zcdp (ρ-zCDP, standard conversion to (ε, δ))."),
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the DP noise (reproducible, so not secret: for tests). Default: fresh from the OS."),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=defaults.MAX_SEED, help="Seed of the DP noise (reproducible, so not secret: for tests). Default: fresh from the OS."),
     compact: bool = typer.Option(False, "--compact", help="Store the symmetric matrices once, as their upper triangles (format_version 2: half the bytes, exact). Example: fedalign stats c3.h5 -o c3.stats.npz --compact"),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 storage of the matrices (implies --compact: a quarter of the bytes; readers compute in float64; a domain map of several clients, align --stats … --stats …, refuses float32 files)."),
 ):

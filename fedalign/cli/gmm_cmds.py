@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import command
 from fedalign.cli.console import err
 from fedalign.cli.options import output_option
@@ -26,7 +28,7 @@ def fit_gmm_cmd(
                                             help="C (default: the file's class names, else max label + 1)."),
     var_floor_rel: float = typer.Option(0.01, "--var-floor-rel", help="Variance floor per dimension as a fraction of that dimension's variance over the file (a rule that ignores the features' scale)."),
     min_var: Optional[float] = typer.Option(None, "--min-var", help="Absolute variance floor instead of --var-floor-rel (also EM regularisation)."),
-    seed: int = typer.Option(0, min=0, help="EM initialisation seed (same seed → same file)."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="EM initialisation seed (same seed → same file)."),
     max_iter: int = typer.Option(100, min=1, help="Maximum EM iterations per mixture."),
     tol: float = typer.Option(1e-3, min=0.0, help="EM tolerance on the mean log-likelihood."),
 ):
@@ -46,7 +48,7 @@ def fit_gmm_cmd(
     n = sum(r["n"] for r in g.meta["fit"])          # the rows fitted (labeled ones, if labeled)
     not_conv = sum(not r["converged"] for r in g.meta["fit"])
     kind = "labeled" if g.labeled else "unlabeled"
-    k, C = components_per_class, g.n_classes
+    k, C = components_per_class, g.meta["n_classes"]   # an unlabeled GMM may have no class names
     if g.K == C * k:
         parts = f"K={g.K} components = C·k = {C}·{k}"
     else:  # a class with fewer than k samples gets fewer components

@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from fedalign import defaults
+
 from fedalign.cli.app import app, command
 from fedalign.cli.console import err
 from fedalign.cli.help import HelpGroup
@@ -32,7 +34,7 @@ def embedding_cmd(
     output: Path = output_option("PNG to write.", default=Path("embedding.png")),
     method: str = typer.Option("pca", help="pca or tsne."),
     max_points: int = typer.Option(500, min=2, help="Rows drawn per file."),
-    seed: int = typer.Option(0, min=0, help="Subsampling / t-SNE seed."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Subsampling / t-SNE seed."),
 ):
     """2-D projection of client features before (and after) alignment.
 
@@ -78,7 +80,7 @@ def reconstruction_cmd(
     n_per_class: int = typer.Option(200, "--n-per-class", min=1, help="Samples of B(α_T) per class."),
     method: str = typer.Option("tsne", help="tsne (scikit-learn t-SNE, joint) or pca."),
     max_points: int = typer.Option(1000, "--max-points", min=1, help="Real rows and samples drawn, each (uniform subsample)."),
-    seed: int = typer.Option(0, min=0, help="Sampling, subsampling and t-SNE seed."),
+    seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Sampling, subsampling and t-SNE seed."),
 ):
     """Real target features and samples of its barycenter B(α_T) in one 2-D embedding.
 

@@ -43,7 +43,7 @@ from fedalign.dadil.rng import (check_rng_words, client_init_seed, client_rng,  
                                 rng_from_array, rng_to_array)
 from fedalign.errors import FedalignError, spell
 from fedalign.files import read_npz, write_npz
-from fedalign.gmm import floor_from_variance
+from fedalign.gmm import check_n_classes, floor_from_variance
 
 _CLIENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
@@ -239,7 +239,7 @@ def gmm_n_classes(gmm, n_classes: int | None = None) -> int:
     if n_classes is not None and int(n_classes) != C:
         raise FedalignError(f"n_classes {n_classes} disagrees with the GMM's {C} classes",
                             param="n_classes")
-    return int(C)
+    return check_n_classes(C)
 
 
 def check_gmm_for_state(st: ClientState, gmm, where: str = "GMM") -> None:
@@ -301,10 +301,14 @@ def init_client(client: str, gmm, *, n_atoms: int = defaults.N_ATOMS, seed: int 
     ----------
     client : id; gmm : the client's :class:`~fedalign.gmm.GMM` (labeled → source role)
     n_atoms : A; n_components : K per atom (default: the GMM's K)
-    seed : the federation seed
+    seed : the federation seed, in [0, :data:`fedalign.defaults.MAX_SEED`]
     preset, overrides : :func:`client_settings`
     """
     check_client_id(client)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not 0 <= seed <= defaults.MAX_SEED:
+        raise FedalignError(f"seed must be an integer in [0, 2**32 − 1 = {defaults.MAX_SEED}], "
+                            f"got {seed!r}", param="seed")
     if int(n_atoms) < 1:
         raise FedalignError(f"the number of atoms must be ≥ 1, got {n_atoms}", param="n_atoms")
     settings = client_settings(preset, **overrides)

@@ -65,7 +65,7 @@ from fedalign.files.outputs import (TMP_MARK, check_distinct, check_output_file,
                                     same_file, sha256_file)
 from fedalign.files.reports import (REPORT_KIND, REPORT_VERSION, read_report, report_accuracies,
                                     write_report)
-from fedalign.files.schemas import (MAX_MAGNITUDE, META_TYPES, PACKED_DTYPES, SCHEMAS, VERSIONS,
+from fedalign.files.schemas import (MAX_INTEGER, MAX_MAGNITUDE, META_TYPES, PACKED_DTYPES, SCHEMAS, VERSIONS,
                                     Schema)
 from fedalign.files.transactions import (Transaction, after_commit, atomic_output, atomic_outputs,
                                          make_output_folder, move_in, staging_folder)
@@ -78,7 +78,7 @@ __all__ = [
     "make_output_folder", "move_in", "remove_stale", "same_file", "sha256_file",
     "staging_folder",
     # .npz kinds
-    "MAX_MAGNITUDE", "META_TYPES", "PACKED_DTYPES", "SCHEMAS", "SYMMETRY_RTOL", "Schema",
+    "MAX_INTEGER", "MAX_MAGNITUDE", "META_TYPES", "PACKED_DTYPES", "SCHEMAS", "SYMMETRY_RTOL", "Schema",
     "VERSIONS", "check_spd", "npz_bytes", "npz_header", "pack_symmetric", "read_npz",
     "unpack_symmetric", "write_npz",
     # features

@@ -1,10 +1,13 @@
 """The ``.npz`` file kinds: one :class:`Schema` per kind and format version, and the check of
 arrays and metadata against it (:func:`_validate_arrays`, :func:`_validate_meta`).
 
-Shapes use symbolic dimension names; every symbol must take one value in a file. An array spec
-is (shape, dtype kind) with dtype kind "f" (float), "i" (integer), "U" (str). Optional arrays
-are listed in ``optional``; a symbol of an absent optional array is unbound. Arrays must be
-finite and below :data:`MAX_MAGNITUDE`; a schema's ``spd`` arrays symmetric positive definite
+Shapes use symbolic dimension names; every symbol must take one value in a file, and that
+value is at least 1 (no kind has a meaning for an empty dimension: zero atoms, components,
+classes or features). An array spec is (shape, dtype kind) with dtype kind "f" (float), "i"
+(integer, a count or an index: at most :data:`MAX_INTEGER` in magnitude), "u" (unsigned 64-bit
+words, e.g. a generator's state) or "U" (str). Optional arrays are listed in ``optional``; a
+symbol of an absent optional array is unbound. Arrays must be finite and below
+:data:`MAX_MAGNITUDE`; a schema's ``spd`` arrays symmetric positive definite
 (:func:`fedalign.linalg.check_spd`). How the arrays are stored is :mod:`fedalign.files.npz`.
 """
 
@@ -145,7 +148,7 @@ _schema(
         "label_logits": (("A", "K", "C"), "f"),
         "alpha": (("A",), "f"),
         "round": ((), "i"),
-        "rng_state": (("six",), "i"),
+        "rng_state": (("six",), "u"),
         "var_floor": (("d",), "f"),
     },
     optional={
@@ -187,6 +190,11 @@ def _read_schema(kind: str, version: int, path) -> Schema:
 #: Largest magnitude an ``.npz`` array may hold: moments, distances and costs square it.
 MAX_MAGNITUDE = 1e150
 
+#: Largest magnitude of an integer ("i") array: counts and rounds enter float64 arithmetic
+#: (weights n_k / N, moments) and are incremented, exact only up to 2**53; a value beyond it
+#: is a damaged or hand-edited file (an unsigned 2**64 − 1 overflowed int64 in the digests).
+MAX_INTEGER = 2**53
+
 
 def _validate_arrays(arrays: dict, schema: Schema, source: str, spd: bool = True) -> dict:
     """Check presence, dtype kind, symbolic shapes and finiteness; return the symbol sizes."""
@@ -199,7 +207,7 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str, spd: bool = True
         a = arrays[name]
         if dkind == "f" and a.dtype.kind not in "fiu":
             raise FedalignError(f"{source}: array '{name}' must be numeric, got {a.dtype}")
-        if dkind == "i" and a.dtype.kind not in "iu":
+        if dkind in "iu" and a.dtype.kind not in "iu":
             raise FedalignError(f"{source}: array '{name}' must be integer, got {a.dtype}")
         if dkind == "U" and a.dtype.kind not in "US":
             raise FedalignError(f"{source}: array '{name}' must hold strings, got {a.dtype}")
@@ -212,9 +220,20 @@ def _validate_arrays(arrays: dict, schema: Schema, source: str, spd: bool = True
                 raise FedalignError(
                     f"{source}: shape mismatch: '{name}' has {sym}={n}, elsewhere {sym}={sizes[sym]}"
                 )
+            if n == 0:
+                raise FedalignError(f"{source}: array '{name}' has shape {a.shape}: {sym} must "
+                                    "be at least 1")
         if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
             raise FedalignError(f"{source}: array '{name}' contains NaN or Inf")
-        if a.dtype.kind in "fiu" and a.size and np.abs(a).max() > MAX_MAGNITUDE:
+        if dkind == "u" and a.dtype.kind == "i" and a.size and a.min() < 0:
+            raise FedalignError(f"{source}: array '{name}' must hold unsigned words, got "
+                                f"{int(a.min())}")
+        if dkind == "i" and a.size and not (-MAX_INTEGER <= int(a.min())
+                                            and int(a.max()) <= MAX_INTEGER):
+            v = int(a.max()) if int(a.max()) > MAX_INTEGER else int(a.min())
+            raise FedalignError(f"{source}: array '{name}' holds the integer {v}, beyond "
+                                f"±2**53 (a count or a round): a damaged file")
+        if a.dtype.kind in "fiu" and dkind != "u" and a.size and np.abs(a).max() > MAX_MAGNITUDE:
             raise FedalignError(f"{source}: array '{name}' holds a value of magnitude "
                                 f"{float(np.abs(a).max()):.3g}, beyond {MAX_MAGNITUDE:.0e}: its "
                                 "square overflows float64")

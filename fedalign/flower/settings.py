@@ -81,12 +81,17 @@ class Settings:
             raise lib.FedalignError("run config out='FOLDER' (the server's output folder) is not set")
         if s.min_clients < 1:
             raise lib.FedalignError(f"min-clients must be ≥ 1, got {s.min_clients}")
+        for key in ("dadil-seed", "gmm-seed"):   # as the command line's --seed: [0, MAX_SEED]
+            seed = getattr(s, key.replace("-", "_"))
+            if not 0 <= seed <= lib.MAX_SEED:
+                raise lib.FedalignError(f"run config {key} must be in [0, 2**32 − 1 = "
+                                        f"{lib.MAX_SEED}], got {seed}")
         s._check_premap()
         return s
 
     def _check_premap(self) -> None:
         """``premap`` is "" or "target"; "target" needs ``target`` (a client id) and
-        ``gmm-k`` ≥ 1, ``gmm-seed`` ≥ 0."""
+        ``gmm-k`` ≥ 1 (``gmm-seed``: :meth:`from_run_config`)."""
         if self.premap not in PREMAP:
             raise lib.FedalignError(f"run config premap must be '' (off) or 'target', got "
                                     f"{self.premap!r}")
@@ -98,9 +103,8 @@ class Settings:
                 lib.check_client_id(self.target)
             except lib.FedalignError as e:
                 raise lib.FedalignError(f"run config target: {e}") from None
-        if self.gmm_k < 1 or self.gmm_seed < 0:
-            raise lib.FedalignError(f"run config gmm-k must be ≥ 1 and gmm-seed ≥ 0, got "
-                                    f"{self.gmm_k} and {self.gmm_seed}")
+        if self.gmm_k < 1:
+            raise lib.FedalignError(f"run config gmm-k must be ≥ 1, got {self.gmm_k}")
 
     @property
     def federation_name(self) -> str:
