@@ -263,3 +263,25 @@ def test_goal_table_says_not_met_and_whether_within_one_standard_error():
     lda_row = next(x for x in lines if "missing classes" in x and "(lda)" in x)
     assert "loss +5.00" in lda_row and "**not met**" in lda_row
     assert any("40.0 min" in x and "**not met**" in x for x in lines)
+
+
+@pytest.mark.slow
+def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_path):
+    import json
+    import sys
+
+    out = tmp_path / "tune"
+    res = subprocess.run([sys.executable, str(DADIL / "tune_head_rule.py"), "--features",
+                          str(mydata), "--domains", "a,b,c", "--targets", "a", "--out", str(out),
+                          "--rounds", "2", "--local-steps", "1", "--k", "2", "--missing", "0.34",
+                          "--missing-seeds", "0", "--workers", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    [job] = json.loads((out / "head_rule_tuning.json").read_text())
+    assert (job["target"], job["seed"], job["missing"]) == ("a", 0, 0.34)
+    assert set(job["pick"]) == {"plain", "transfer", "bracket"}
+    assert set(job["pick"].values()) <= {"lda", "linear"}
+    # the plain stand-in is the library's rule: the choice the job itself recorded
+    rec = json.loads((out / "results" / "missing_a_s0_m34.json").read_text())
+    assert job["pick"]["plain"] == rec["result"]["records"]["lda head"]["head_rule"]["choice"]
+    assert "| a | 1 |" in res.stdout
