@@ -9,7 +9,7 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from fedalign.dadil import target_head as th
 from fedalign.dadil.evaluation import evaluate_target
 from fedalign.errors import FedalignError
-from fedalign.gmm import fit_gmm, map_predict, train_head_from_gmm
+from fedalign.gmm import GMM, fit_gmm, map_predict, train_head_from_gmm
 from fedalign.heads import fedcgs
 
 C, D = 3, 6
@@ -130,18 +130,29 @@ def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labe
     # the rule sees no target label: other test labels, same choice and same scores
     other = evaluate_target(Xt, (yt + 1) % C, **kw).records["lda head"]["head_rule"]
     assert other == rule
-    # lda's score for source 0: the others' statistics plus half A pseudo-labeled by G_0
+    # source 0's scores with each stand-in: lda = the others' statistics plus half A
+    # pseudo-labeled by the stand-in, linear = samples of the stand-in, both on half B
     X0, y0 = srcs[0]
     perm = np.random.default_rng([0, 0, 29]).permutation(len(y0))
     a, b = perm[: len(y0) // 2], perm[len(y0) // 2:]
     rows = th.target_rows(Xt, srcs, C)
-    msgs = [th.class_statistics(X, y, C) for X, y in srcs[1:]]
+    others = [th.class_statistics(X, y, C) for X, y in srcs[1:]]
     g_a = fit_gmm(X0[a], y0[a], 1, n_classes=C, seed=0)   # G_0 refitted on half A alone
-    msgs.append(th.class_statistics(X0[a], map_predict(g_a, X0[a]), C))
-    head = th.lda_from_statistics(msgs, C, *rows.shrinkage)
-    assert rule["lda"][0] == pytest.approx(np.mean(head.predict(X0[b]) == y0[b]))
-    lin = train_head_from_gmm(g_a, n_per_class=500, seed=0)
-    assert rule["linear"][0] == pytest.approx(np.mean(lin.predict(X0[b]) == y0[b]))
+    transfer = th.lda_from_statistics(others, C, *rows.shrinkage).predict(g_a.means)
+    for name, labels in (("own labels", g_a.labels), ("transferred", np.eye(C)[transfer])):
+        g = g_a if name == "own labels" else th.relabeled(g_a, others, *rows.shrinkage)
+        assert np.array_equal(g.labels, labels)
+        msgs = others + [th.class_statistics(X0[a], map_predict(g, X0[a]), C)]
+        head = th.lda_from_statistics(msgs, C, *rows.shrinkage)
+        got = rule["stand_ins"][name]
+        assert got["lda"][0] == pytest.approx(np.mean(head.predict(X0[b]) == y0[b]))
+        lin = train_head_from_gmm(g, n_per_class=500, seed=0)
+        assert got["linear"][0] == pytest.approx(np.mean(lin.predict(X0[b]) == y0[b]))
+    # the rule's score of each head: the mean over the two stand-ins
+    for h in ("lda", "linear"):
+        assert rule[h] == pytest.approx([0.5 * (p + q) for p, q in
+                                         zip(rule["stand_ins"]["own labels"][h],
+                                             rule["stand_ins"]["transferred"][h])])
 
 
 def test_head_rule_scores_the_linear_head_out_of_sample():
@@ -185,3 +196,32 @@ def test_head_rule_a_source_too_small_to_play_the_target_abstains(data):
     alone = th.target_rows(Xt, [tiny], C)
     assert th.choose_head(alone, gmms[:1], [tiny]) == "lda"           # nobody scored: the tie
     assert alone.record["head_rule"]["abstained"] == [0]
+
+
+def test_head_rule_transferred_labels_come_from_the_other_sources_not_the_own():
+    """Sources whose class names are permuted against each other: the transferred stand-in
+    labels source 0's components as the others would, so its heads score low on source 0's
+    own half B; the own-label stand-in is unaffected."""
+    rng = np.random.default_rng(3)
+    srcs = [domain(rng, 150, 0.0, np.ones(D)) for _ in range(3)]
+    X0, y0 = srcs[0]
+    srcs[0] = (X0, (y0 + 1) % C)                        # source 0 names every class differently
+    gmms = [fit_gmm(X, y, 1, n_classes=C, seed=0) for X, y in srcs]
+    rows = th.target_rows(domain(rng, 100, 0.0, np.ones(D))[0], srcs, C)
+    th.choose_head(rows, gmms, srcs)
+    own, moved = (rows.record["head_rule"]["stand_ins"][k] for k in ("own labels", "transferred"))
+    assert own["linear"][0] > 0.8 and moved["linear"][0] < 0.2
+    g0 = fit_gmm(X0[:75], ((y0 + 1) % C)[:75], 1, n_classes=C, seed=0)
+    others = rows.messages[1:]
+    assert np.array_equal(th.relabeled(g0, others, *rows.shrinkage).labels.argmax(1),
+                          (g0.labels.argmax(1) - 1) % C)
+
+
+def test_a_stand_in_of_one_class_scores_the_constant_classifier():
+    rng = np.random.default_rng(4)
+    X, y = domain(rng, 90, 0.0, np.ones(D))
+    g = fit_gmm(X, y, 1, n_classes=C, seed=0)
+    one = GMM(g.weights, g.means, g.variances, np.eye(C)[[1] * g.K], [])    # all class 1
+    msgs = [th.class_statistics(X, y, C)]
+    lda, linear = th._scores(one, msgs, X[:45], X[45:], y[45:], C, 0.1, "identity", 100, 0)
+    assert linear == pytest.approx(np.mean(y[45:] == 1)) and 0 <= lda <= 1

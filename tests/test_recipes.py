@@ -279,9 +279,11 @@ def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_
     assert res.returncode == 0, res.stderr
     [job] = json.loads((out / "head_rule_tuning.json").read_text())
     assert (job["target"], job["seed"], job["missing"]) == ("a", 0, 0.34)
-    assert set(job["pick"]) == {"plain", "transfer", "bracket"}
+    assert set(job["pick"]) == {"own", "relabeled", "unlabeled", "own+relabeled",
+                                "own+unlabeled"}
     assert set(job["pick"].values()) <= {"lda", "linear"}
-    # the plain stand-in is the library's rule: the choice the job itself recorded
+    # own+relabeled is the library's rule: the choice the job itself recorded
     rec = json.loads((out / "results" / "missing_a_s0_m34.json").read_text())
-    assert job["pick"]["plain"] == rec["result"]["records"]["lda head"]["head_rule"]["choice"]
+    assert job["pick"]["own+relabeled"] == \
+        rec["result"]["records"]["lda head"]["head_rule"]["choice"]
     assert "| a | 1 |" in res.stdout

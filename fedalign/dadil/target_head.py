@@ -42,6 +42,21 @@ target's clusters carries which label — and learns the decision boundary from 
    class) its in-sample score was 0.77–0.87 against 0.54–0.70 out of sample, and it chose
    ``linear`` where ``lda`` is 5–6 points better on the target.
 
+   **Two stand-ins, averaged** (``bracket``, stop 39). G_i^A is a better GMM than B(α_T): it
+   is fitted on the domain's own labeled rows, while B(α_T) reconstructs the target from
+   atoms shared with other domains and takes its labels from them. So the rule overrated
+   ``linear`` where the reconstruction is poor (Digits mnist: ``linear`` on 8 of 9
+   missing-class jobs, 7.3 points below ``lda``). The second stand-in keeps G_i^A's
+   components and relabels each by the LDA of the *other* sources' statistics at its mean —
+   the half's own geometry, labels from elsewhere, as B(α_T) has them — and both heads are
+   scored with it the same way. Each head's score is the mean of its two scores (the first
+   stand-in overrates a GMM's samples, the second underrates them). Chosen on a tuning set the
+   tables do not report (missing-class jobs of Digits mnist and Office-Caltech10 amazon and
+   caltech10, seeds 0–2; ``examples/dadil/tune_head_rule.py``), against a criterion fixed
+   before (mean gain ≥ 0.5 points, no target worse by more than 0.5): mnist 72.1 → 77.4,
+   amazon 94.7 → 94.7, caltech10 91.0 → 91.1. It costs one more sampled head and LDA per
+   source, no GMM fit.
+
 No raw row leaves a client: sources send aggregates (the FedCGS message, d² + C·d + C + d
 numbers) and, for the rule, one accuracy per grid point and source (the candidate heads are
 built by the target from the others' aggregates and sent to source i to score); the target's
@@ -210,6 +225,34 @@ class TargetRows:
         return TargetHead(head, ridge, shrink_to, record)
 
 
+def relabeled(g, messages: list, ridge: float, shrink_to: str):
+    """``g`` with each component's label replaced by the LDA of ``messages`` (other domains'
+    class statistics) at the component's mean: the second stand-in of :func:`choose_head`."""
+    from fedalign.gmm import GMM
+
+    C = g.labels.shape[1]
+    y = lda_from_statistics(messages, C, ridge, shrink_to).predict(g.means)
+    return GMM(g.weights, g.means, g.variances, np.eye(C)[y], list(g.class_names),
+               meta=dict(g.meta, labels="transferred"))
+
+
+def _scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class, seed) -> tuple:
+    """(lda, linear) accuracies on half B of a stand-in ``g`` of B(α_T): ``lda`` = the LDA of
+    ``messages`` and half A pseudo-labeled by g's MAP rule; ``linear`` = logistic regression on
+    samples of g."""
+    from fedalign.gmm import map_predict, train_head_from_gmm
+
+    owners = np.unique(g.labels.argmax(1))
+    if len(owners) < 2:     # transferred labels of one class: its samples train no classifier
+        linear = float(np.mean(y_b == owners[0]))
+    else:
+        head = train_head_from_gmm(g, n_per_class=int(n_per_class), seed=int(seed))
+        linear = float(np.mean(head.predict(X_b) == y_b))
+    msgs = list(messages) + [class_statistics(X_a, map_predict(g, X_a), C)]
+    lda = lda_from_statistics(msgs, C, ridge, shrink_to).accuracy(X_b, y_b)
+    return float(lda), linear
+
+
 def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_class: int = 500,
                 seed: int = 0) -> str:
     """``lda`` or ``linear`` by leave-one-source-domain-out (module docstring, step 5).
@@ -230,13 +273,14 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
     -------
     the chosen head's name
     """
-    from fedalign.gmm import map_predict, refit_gmm, train_head_from_gmm
+    from fedalign.gmm import refit_gmm
 
     if len(source_gmms) != len(sources) or len(sources) != len(rows.messages):
         raise FedalignError(f"the head rule needs one labeled GMM per source: "
                             f"{len(source_gmms)} GMMs, {len(sources)} sources")
     ridge, shrink_to = float(rows.shrinkage[0]), str(rows.shrinkage[1])
     lda, lin, skipped = [], [], []
+    stand_ins = {"own labels": ([], []), "transferred": ([], [])}     # (lda, linear) scores
     for i, (g, (X, y)) in enumerate(zip(source_gmms, sources)):
         if g.labels is None or g.d != rows.X.shape[1]:
             raise FedalignError(f"source GMM {i} of the head rule is unlabeled or has d={g.d}, "
@@ -248,18 +292,23 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
             skipped.append(i)
             continue
         g_a = refit_gmm(g, X[a], y[a], n_classes=rows.n_classes)   # B: out of sample for both
-        head = train_head_from_gmm(g_a, n_per_class=int(n_per_class), seed=int(seed))
-        lin.append(float(np.mean(head.predict(X[b]) == y[b])))
-        msgs = [m for j, m in enumerate(rows.messages) if j != i]
-        msgs.append(class_statistics(X[a], map_predict(g_a, X[a]), rows.n_classes))
-        lda.append(float(lda_from_statistics(msgs, rows.n_classes, ridge, shrink_to)
-                         .accuracy(X[b], y[b])))
+        others = [m for j, m in enumerate(rows.messages) if j != i]
+        for stand_in, (ld, li) in zip((g_a, relabeled(g_a, others, ridge, shrink_to)),
+                                      (stand_ins["own labels"], stand_ins["transferred"])):
+            ld_, li_ = _scores(stand_in, others, X[a], X[b], y[b], rows.n_classes, ridge,
+                               shrink_to, n_per_class, seed)
+            ld.append(ld_)
+            li.append(li_)
+        lda.append(0.5 * (stand_ins["own labels"][0][-1] + stand_ins["transferred"][0][-1]))
+        lin.append(0.5 * (stand_ins["own labels"][1][-1] + stand_ins["transferred"][1][-1]))
     rows.choice = "lda" if not lda or np.mean(lda) >= np.mean(lin) else "linear"
     rows.record["head_rule"] = dict(
         rule="leave-one-source-domain-out: each source's labeled GMM refitted on half A as the "
-             "pseudo-target's barycenter, half A pseudo-labeled by it, both heads scored on "
-             "half B",
-        lda=lda, linear=lin, choice=rows.choice)
+             "pseudo-target's barycenter, with its own labels and with labels transferred from "
+             "the other sources' LDA; half A pseudo-labeled by it, both heads scored on half B; "
+             "each head's score the mean over the two stand-ins",
+        lda=lda, linear=lin, choice=rows.choice,
+        stand_ins={k: dict(lda=v[0], linear=v[1]) for k, v in stand_ins.items()})
     if skipped:   # a source whose half A holds fewer than 2 classes (none left: the tie, lda)
         rows.record["head_rule"]["abstained"] = skipped
     return rows.choice
