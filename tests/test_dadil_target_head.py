@@ -223,5 +223,5 @@ def test_a_stand_in_of_one_class_scores_the_constant_classifier():
     g = fit_gmm(X, y, 1, n_classes=C, seed=0)
     one = GMM(g.weights, g.means, g.variances, np.eye(C)[[1] * g.K], [])    # all class 1
     msgs = [th.class_statistics(X, y, C)]
-    lda, linear = th._scores(one, msgs, X[:45], X[45:], y[45:], C, 0.1, "identity", 100, 0)
+    lda, linear = th.stand_in_scores(one, msgs, X[:45], X[45:], y[45:], C, 0.1, "identity", 100, 0)
     assert linear == pytest.approx(np.mean(y[45:] == 1)) and 0 <= lda <= 1

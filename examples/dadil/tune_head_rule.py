@@ -64,21 +64,19 @@ def run_missing_job(a, T: str, seed: int, m: float) -> dict:
 def unlabeled_scores(rows, gmms, sources, seed: int) -> dict:
     """The ``unlabeled`` stand-in's scores: per source, (lda, linear) on half B."""
     from fedalign.dadil import target_head as th
-    from fedalign.gmm import GMM, map_predict, refit_gmm, train_head_from_gmm
+    from fedalign.gmm import refit_gmm
 
     C, (ridge, to) = rows.n_classes, rows.shrinkage
     lda, lin = [], []
     for i, (g, (X, y)) in enumerate(zip(gmms, sources)):
         X, y = np.asarray(X, np.float64), np.asarray(y)
-        perm = np.random.default_rng([int(seed), i, 29]).permutation(len(y))   # the rule's halves
-        a, b = perm[: len(y) // 2], perm[len(y) // 2:]
+        a, b = th.rule_halves(len(y), seed, i)
         others = [msg for j, msg in enumerate(rows.messages) if j != i]
         u = refit_gmm(g, X[a], None, n_classes=C)                  # unlabeled, C·k components
-        labels = np.eye(C)[th.lda_from_statistics(others, C, ridge, to).predict(u.means)]
-        g_a = GMM(u.weights, u.means, u.variances, labels, list(g.class_names))
-        lin.append(float(np.mean(train_head_from_gmm(g_a, 500, int(seed)).predict(X[b]) == y[b])))
-        msgs = others + [th.class_statistics(X[a], map_predict(g_a, X[a]), C)]
-        lda.append(float(th.lda_from_statistics(msgs, C, ridge, to).accuracy(X[b], y[b])))
+        ld, li = th.stand_in_scores(th.relabeled(u, others, ridge, to), others, X[a], X[b],
+                                    y[b], C, ridge, to, 500, seed)
+        lda.append(ld)
+        lin.append(li)
     return dict(lda=lda, linear=lin)
 
 

@@ -226,17 +226,19 @@ class TargetRows:
 
 
 def relabeled(g, messages: list, ridge: float, shrink_to: str):
-    """``g`` with each component's label replaced by the LDA of ``messages`` (other domains'
-    class statistics) at the component's mean: the second stand-in of :func:`choose_head`."""
+    """``g`` (labeled or not) with each component labeled by the LDA of ``messages`` (other
+    domains' class statistics) at the component's mean: the second stand-in of
+    :func:`choose_head`."""
     from fedalign.gmm import GMM
 
-    C = g.labels.shape[1]
+    C = len(messages[0]["class_counts"])
     y = lda_from_statistics(messages, C, ridge, shrink_to).predict(g.means)
     return GMM(g.weights, g.means, g.variances, np.eye(C)[y], list(g.class_names),
                meta=dict(g.meta, labels="transferred"))
 
 
-def _scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class, seed) -> tuple:
+def stand_in_scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class,
+                    seed) -> tuple:
     """(lda, linear) accuracies on half B of a stand-in ``g`` of B(α_T): ``lda`` = the LDA of
     ``messages`` and half A pseudo-labeled by g's MAP rule; ``linear`` = logistic regression on
     samples of g."""
@@ -251,6 +253,12 @@ def _scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class, seed) 
     msgs = list(messages) + [class_statistics(X_a, map_predict(g, X_a), C)]
     lda = lda_from_statistics(msgs, C, ridge, shrink_to).accuracy(X_b, y_b)
     return float(lda), linear
+
+
+def rule_halves(n: int, seed: int, i: int) -> tuple:
+    """Source i's halves (A, B) of its n rows in :func:`choose_head` (seeded by ``seed``, i)."""
+    perm = np.random.default_rng([int(seed), int(i), 29]).permutation(int(n))
+    return perm[: n // 2], perm[n // 2:]
 
 
 def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_class: int = 500,
@@ -280,27 +288,26 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
                             f"{len(source_gmms)} GMMs, {len(sources)} sources")
     ridge, shrink_to = float(rows.shrinkage[0]), str(rows.shrinkage[1])
     lda, lin, skipped = [], [], []
-    stand_ins = {"own labels": ([], []), "transferred": ([], [])}     # (lda, linear) scores
+    stand_ins = {k: dict(lda=[], linear=[]) for k in ("own labels", "transferred")}
     for i, (g, (X, y)) in enumerate(zip(source_gmms, sources)):
         if g.labels is None or g.d != rows.X.shape[1]:
             raise FedalignError(f"source GMM {i} of the head rule is unlabeled or has d={g.d}, "
                                 f"the features have d={rows.X.shape[1]}")
         X, y = np.asarray(X, np.float64), np.asarray(y)
-        perm = np.random.default_rng([int(seed), i, 29]).permutation(len(y))
-        a, b = perm[: len(y) // 2], perm[len(y) // 2:]
+        a, b = rule_halves(len(y), seed, i)
         if len(np.unique(y[a])) < 2:    # too few rows to play the target: it abstains
             skipped.append(i)
             continue
         g_a = refit_gmm(g, X[a], y[a], n_classes=rows.n_classes)   # B: out of sample for both
         others = [m for j, m in enumerate(rows.messages) if j != i]
-        for stand_in, (ld, li) in zip((g_a, relabeled(g_a, others, ridge, shrink_to)),
-                                      (stand_ins["own labels"], stand_ins["transferred"])):
-            ld_, li_ = _scores(stand_in, others, X[a], X[b], y[b], rows.n_classes, ridge,
-                               shrink_to, n_per_class, seed)
-            ld.append(ld_)
-            li.append(li_)
-        lda.append(0.5 * (stand_ins["own labels"][0][-1] + stand_ins["transferred"][0][-1]))
-        lin.append(0.5 * (stand_ins["own labels"][1][-1] + stand_ins["transferred"][1][-1]))
+        own, moved = (stand_in_scores(g_s, others, X[a], X[b], y[b], rows.n_classes, ridge,
+                                      shrink_to, n_per_class, seed)
+                      for g_s in (g_a, relabeled(g_a, others, ridge, shrink_to)))
+        for name, (ld, li) in (("own labels", own), ("transferred", moved)):
+            stand_ins[name]["lda"].append(ld)
+            stand_ins[name]["linear"].append(li)
+        lda.append(0.5 * (own[0] + moved[0]))
+        lin.append(0.5 * (own[1] + moved[1]))
     rows.choice = "lda" if not lda or np.mean(lda) >= np.mean(lin) else "linear"
     rows.record["head_rule"] = dict(
         rule="leave-one-source-domain-out: each source's labeled GMM refitted on half A as the "
@@ -308,7 +315,7 @@ def choose_head(rows: TargetRows, source_gmms: list, sources: list, *, n_per_cla
              "the other sources' LDA; half A pseudo-labeled by it, both heads scored on half B; "
              "each head's score the mean over the two stand-ins",
         lda=lda, linear=lin, choice=rows.choice,
-        stand_ins={k: dict(lda=v[0], linear=v[1]) for k, v in stand_ins.items()})
+        stand_ins=stand_ins)
     if skipped:   # a source whose half A holds fewer than 2 classes (none left: the tie, lda)
         rows.record["head_rule"]["abstained"] = skipped
     return rows.choice
