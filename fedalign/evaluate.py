@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.defaults import MAX_SEED
+from fedalign.defaults import check_seed
 from fedalign.errors import FedalignError
 from fedalign.results import MethodResult, mean_std  # noqa: F401 (importable from here too)
 from fedalign.results import json_safe as _json_safe
@@ -282,16 +282,12 @@ def evaluate_external(method: str, inputs, tests, class_names, seeds, params) ->
 
 
 def check_seeds(seeds) -> list:
-    """Seeds as the library takes them: integers in [0, :data:`fedalign.defaults.MAX_SEED`]
-    (a list, tuple or range) → sorted unique ints. Front ends turn their text into integers
-    first (the CLI's ``--seeds 0-4``: ``fedalign.cli.options.parse_seeds``)."""
-    out = []
-    for s in seeds if seeds is not None else []:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise FedalignError(f"seeds must be integers, got {s!r}")
-        if not 0 <= s <= MAX_SEED:
-            raise FedalignError(f"seeds must be in [0, 2**32 − 1 = {MAX_SEED}], got {s}")
-        out.append(int(s))
+    """Seeds as the library takes them: integers in [0, :data:`fedalign.defaults.MAX_SEED`],
+    each checked by :func:`fedalign.defaults.check_seed` (a list, tuple or range) → sorted
+    unique ints. Front ends turn their text into integers first (the CLI's ``--seeds 0-4``:
+    ``fedalign.cli.options.parse_seeds``)."""
+    out = [check_seed(s, "seeds: each seed", param="seeds")
+           for s in (seeds if seeds is not None else [])]
     if not out:
         raise FedalignError("seeds: give at least one seed")
     return sorted(set(out))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from fedalign.defaults import MAX_SEED
+from fedalign.defaults import check_seed
 from fedalign.errors import FedalignError
 
 
@@ -21,7 +21,8 @@ MAX_SEEDS = 10_000
 
 def parse_seeds(values, flag: str = "--seeds") -> list:
     """``["0,1,2"]``, ``["0-4"]``, ``["0 3"]`` or ``["0", "1"]`` → sorted unique ints (commas or
-    spaces separate, ``a-b`` is a range), each in [0, :data:`fedalign.defaults.MAX_SEED`]."""
+    spaces separate, ``a-b`` is a range), each in [0, :data:`fedalign.defaults.MAX_SEED`]
+    (:func:`fedalign.defaults.check_seed`)."""
     seeds = []
     for v in values or []:
         for tok in re.split(r"[,\s]+", str(v).strip()):
@@ -44,12 +45,8 @@ def parse_seeds(values, flag: str = "--seeds") -> list:
                 raise FedalignError(f"{flag}: expected integers like 0,1,2 or 0-4, got {tok!r}") from None
     if not seeds:
         raise FedalignError(f"{flag}: give at least one seed")
-    if min(seeds) < 0:
-        raise FedalignError(f"{flag}: seeds must be ≥ 0 (numpy's generators take no negative "
-                            f"seed), got {min(seeds)}")
-    if max(seeds) > MAX_SEED:
-        raise FedalignError(f"{flag}: seeds must be ≤ {MAX_SEED} = 2**32 − 1 (scikit-learn and "
-                            f"numpy's legacy generators take 32-bit seeds), got {max(seeds)}")
+    for s in (min(seeds), max(seeds)):
+        check_seed(s, f"{flag}: each seed")
     return sorted(set(seeds))
 
 

@@ -847,7 +847,7 @@ def test_class9_align_stats_is_read_like_every_other_stats_file(here):
     (["align", "a.h5", "ref.npz", "-o", "o.h5", "--tau", "-inf"], "Invalid value for '--tau'"),
     (["fit-gmm", "a.h5", "-o", "o.npz", "--seed", "-1"], "Invalid value for '--seed'"),
     (["evaluate", "-m", "fedcgs", "--train", "a.h5", "--test", "a.test.h5", "--seeds", "-1"],
-     "seeds must be ≥ 0"),
+     "--seeds: each seed must be an integer in [0, 2**32 − 1 = 4294967295]"),
     (["dadil-evaluate", "--test", "a.test.h5", "--state", "c0.state.npz", "--seeds", "2-0"],
      "the range '2-0' is empty"),
     (["barycenter", "a.stats.npz", "./a.stats.npz", "-o", "o.npz"],
@@ -902,9 +902,9 @@ def test_class9_a_seed_of_2_32_is_refused_by_a_fedalign_process(here):
                              r"|not in the range 0<=x<=4294967295)")
     refused_by_process(here, "evaluate", "-m", "fedcgs", "--train", "a.h5", "--test",
                        "a.test.h5", "--json", "r2.json", "--seeds", f"0,{SEED_OVER}",
-                       match=re.escape("--seeds: seeds must be ≤ 4294967295 = 2**32 − 1 "
-                                       "(scikit-learn and numpy's legacy generators take 32-bit "
-                                       "seeds), got 4294967296"))
+                       match=re.escape("--seeds: each seed must be an integer in [0, 2**32 − 1 = "
+                                       "4294967295] (numpy's legacy generators and scikit-learn "
+                                       "take 32-bit seeds), got 4294967296"))
 
 
 @pytest.mark.parametrize("args, match", [
@@ -917,7 +917,8 @@ def test_class9_a_seed_of_2_32_is_refused_by_a_fedalign_process(here):
       "--seed", SEED_OVER], "'--seed'"),
     (["demo-data", "demo", "--seed", SEED_OVER], "'--seed'"),
     (["dadil-evaluate", "--test", "a.test.h5", "--state", "c0.state.npz", "--json", "e.json",
-      "--seeds", "4294967295-4294967296"], "--seeds: seeds must be ≤ 4294967295"),
+      "--seeds", "4294967295-4294967296"],
+     re.escape("--seeds: each seed must be an integer in [0, 2**32 − 1 = 4294967295]")),
 ], ids=["dadil-init", "consensus", "partition", "plot", "stats-dp", "demo-data", "seeds-range"])
 def test_class9_seeds_beyond_32_bits_are_refused_by_every_command(here, args, match):
     refused(here, *args, match=match)

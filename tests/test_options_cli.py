@@ -17,7 +17,7 @@ runner = CliRunner()
 
 def test_parse_seeds_ranges_lists_and_errors():
     assert parse_seeds(["0-2", "5", "1,7"]) == [0, 1, 2, 5, 7]
-    with pytest.raises(FedalignError, match=r"--seeds: seeds must be ≥ 0 .*got -1$"):
+    with pytest.raises(FedalignError, match=r"--seeds: each seed must be an integer in \[0, .*got -1$"):
         parse_seeds(["-1"])                 # numpy's generators take no negative seed
     with pytest.raises(FedalignError, match="--seeds: the range '3-1' is empty"):
         parse_seeds(["0", "3-1"])
@@ -40,11 +40,13 @@ def test_parse_seeds_refuses_seeds_beyond_32_bits():
     assert defaults.MAX_SEED == 2**32 - 1
     assert parse_seeds([str(2**32 - 1)]) == [2**32 - 1]
     assert parse_seeds(["4294967294-4294967295"]) == [2**32 - 2, 2**32 - 1]
-    message = r"^--seeds: seeds must be ≤ 4294967295 = 2\*\*32 − 1 \(.*\), got 4294967296$"
+    message = (r"^--seeds: each seed must be an integer in \[0, 2\*\*32 − 1 = 4294967295\] \(.*\), "
+               r"got 4294967296$")
     for values in (["4294967296"], ["0", "4294967296"], ["4294967290-4294967296"]):
         with pytest.raises(FedalignError, match=message):
             parse_seeds(values)
-    with pytest.raises(FedalignError, match=r"^run config seeds: seeds must be ≤ 4294967295 "):
+    with pytest.raises(FedalignError, match=r"^run config seeds: each seed must be an integer in "
+                                            r"\[0, 2\*\*32 − 1 = 4294967295\]"):
         parse_seeds([str(2**64)], flag="run config seeds")
 
 
@@ -79,14 +81,16 @@ def test_run_config_seeds_take_the_command_lines_bounds():
     from fedalign.flower.settings import Settings
 
     assert Settings.seed_list("4294967295") == [2**32 - 1]
-    with pytest.raises(FedalignError, match=r"^run config eval-seeds: seeds must be ≤ 4294967295"):
+    with pytest.raises(FedalignError, match=r"^run config eval-seeds: each seed must be an integer "
+                                            r"in \[0, 2\*\*32 − 1 = 4294967295\]"):
         Settings.seed_list("0, 4294967296", "eval-seeds")
     for key in ("dadil-seed", "gmm-seed"):
         s = Settings.from_run_config({"out": "/x", key: 2**32 - 1})
         assert getattr(s, key.replace("-", "_")) == 2**32 - 1
         for bad in (2**32, -1):
-            with pytest.raises(FedalignError, match=rf"^run config {key} must be in \[0, 2\*\*32 − 1 "
-                                                    rf"= 4294967295\], got {bad}$"):
+            with pytest.raises(FedalignError, match=rf"^run config {key} must be an integer in "
+                                                    rf"\[0, 2\*\*32 − 1 = 4294967295\] \(.*\), "
+                                                    rf"got {bad}$"):
                 Settings.from_run_config({"out": "/x", key: str(bad)})
 
 

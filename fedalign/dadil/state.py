@@ -305,10 +305,7 @@ def init_client(client: str, gmm, *, n_atoms: int = defaults.N_ATOMS, seed: int 
     preset, overrides : :func:`client_settings`
     """
     check_client_id(client)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
-            not 0 <= seed <= defaults.MAX_SEED:
-        raise FedalignError(f"seed must be an integer in [0, 2**32 − 1 = {defaults.MAX_SEED}], "
-                            f"got {seed!r}", param="seed")
+    defaults.check_seed(seed, param="seed")
     if int(n_atoms) < 1:
         raise FedalignError(f"the number of atoms must be ≥ 1, got {n_atoms}", param="n_atoms")
     settings = client_settings(preset, **overrides)

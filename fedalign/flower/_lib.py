@@ -39,7 +39,7 @@ import numpy as np
 from fedalign.align import (Reference, client_map, load_map, make_reference, save_map,
                             save_reference)
 from fedalign.align import align_file, map_provenance
-from fedalign.defaults import LOCAL_STEPS, MAX_SEED, N_ATOMS, TAU
+from fedalign.defaults import LOCAL_STEPS, N_ATOMS, TAU, check_seed
 from fedalign.errors import FedalignError
 from fedalign.evaluate import check_params, check_seeds, privacy_lines, privacy_of
 from fedalign.files import (atomic_outputs, check_spd, read_features, read_npz, sha256_file,
@@ -60,10 +60,10 @@ from fedalign.dadil import (N_PEERS, STRATEGIES, PublishedAtoms, check_client_id
 from fedalign.dadil import evaluate_target_files
 
 __all__ = [
-    "FedalignError", "GaussianStats", "LOCAL_STEPS", "LinearHead", "MAX_SEED", "MethodResult",
+    "FedalignError", "GaussianStats", "LOCAL_STEPS", "LinearHead", "MethodResult",
     "N_ATOMS",
     "N_PEERS", "PublishedAtoms", "Reference", "STRATEGIES", "SYMMETRY_RTOL", "TAU", "align_file",
-    "atomic_outputs", "check_client_id", "check_params", "check_seeds", "check_spd",
+    "atomic_outputs", "check_client_id", "check_params", "check_seed", "check_seeds", "check_spd",
     "check_tau", "class_message", "client_gaussian", "client_map", "compute_stats",
     "config_record", "draw_peers", "evaluate_target_files", "federation_paths",
     "fit_gmm_file", "get_method", "head_client_update", "head_config", "head_message_keys",

@@ -82,10 +82,7 @@ class Settings:
         if s.min_clients < 1:
             raise lib.FedalignError(f"min-clients must be ≥ 1, got {s.min_clients}")
         for key in ("dadil-seed", "gmm-seed"):   # as the command line's --seed: [0, MAX_SEED]
-            seed = getattr(s, key.replace("-", "_"))
-            if not 0 <= seed <= lib.MAX_SEED:
-                raise lib.FedalignError(f"run config {key} must be in [0, 2**32 − 1 = "
-                                        f"{lib.MAX_SEED}], got {seed}")
+            lib.check_seed(getattr(s, key.replace("-", "_")), f"run config {key}")
         s._check_premap()
         return s
 
