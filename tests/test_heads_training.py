@@ -255,7 +255,9 @@ def test_fedpft_components_per_class(n, K, want, want_ref):
     assert fedpft.n_components_for(n, K, "reference") == want_ref
 
 
-def test_fedpft_gmm_seed_is_the_client_seed_reduced_into_randomstates_range(monkeypatch):
+def test_fedpft_gmm_seed_is_the_client_seed_as_it_is(monkeypatch):
+    """scikit-learn's random_state takes [0, 2**32 − 1]: the seed goes in unchanged (the
+    largest one too: it was wrapped onto seed 0's stream), and one beyond is refused."""
     from sklearn import mixture
 
     seen = []
@@ -269,9 +271,12 @@ def test_fedpft_gmm_seed_is_the_client_seed_reduced_into_randomstates_range(monk
     monkeypatch.setattr(mixture, "GaussianMixture", Spy)
     X, y = blobs(20, 1, classes=1)
     cfg = get_method("fedpft").config({"components": "1"})
-    for seed in (None, 2**32 + 5, 100):
+    for seed in (None, 2**32 - 1, 100):
         fedpft.client_update(X, y, C, cfg, **({} if seed is None else {"seed": seed}))
-    assert seen == [0, 6, 100]  # default seed 0; seed mod (2³² − 1)
+    assert seen == [0, 2**32 - 1, 100]  # default seed 0
+    for bad in (2**32, -1):
+        with pytest.raises(FedalignError, match=r"^seed must be an integer in \[0, 2\*\*32 − 1"):
+            fedpft.client_update(X, y, C, cfg, seed=bad)
 
 
 def test_fedpft_em_runs_in_float64_and_counts_are_int64():
@@ -382,8 +387,8 @@ def test_fedpft_reference_sampler_is_sklearns_sample_with_renormalised_weights(k
            "full": [[[2.0, 0.6], [0.6, 1.0]], [[1.0, -0.3], [-0.3, 0.5]], [[3.0, 0.0], [0.0, 0.2]]]}[kind]
     msg = _gmm_message([0.1, 0.1, 0.8], mu, cov)
     assert msg["weights"].astype(np.float64).sum() < 1
-    got = fedpft.sample_class_sklearn(msg, 0, 200_000, kind, 2**32 + 5)
-    np.testing.assert_array_equal(got, _sklearn_sample(msg, 200_000, kind, 6))  # seed mod (2³² − 1)
+    got = fedpft.sample_class_sklearn(msg, 0, 200_000, kind, 2**32 - 1)
+    np.testing.assert_array_equal(got, _sklearn_sample(msg, 200_000, kind, 2**32 - 1))  # as it is
 
 
 def _fitted_and_unfitted_message():

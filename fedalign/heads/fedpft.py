@@ -41,6 +41,9 @@ Variants (``fedpft.variant``; the preset still chooses K and the covariance type
      in the reference (K > 1); here they are renormalised in float64 before sampling.
   2. Seeds: the reference fixes the sampler's seed to its config seed (0) for every run;
      here it is the run seed, so seeds differ across runs as the head's initialisation does.
+     scikit-learn's ``random_state`` gets the seed as it is (a run seed, or a client's
+     :func:`fedalign.heads.round_seed`, both in [0, 2**32 − 1]; another is refused by
+     :func:`fedalign.defaults.check_seed`, never wrapped onto a valid one).
      Mini-batch order and initialisation come from numpy (see :mod:`fedalign.heads.linear`).
   3. The reference extracts features itself in float64; here they come from the float32
      features file (cast to float64 before EM, as there).
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedalign.defaults import check_seed
 from fedalign.errors import FedalignError
 from fedalign.heads import LinearHead
 from fedalign.heads.linear import train_softmax
@@ -118,6 +122,7 @@ def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None
     """Fit one GMM per class; send counts and float16 parameters only."""
     from sklearn.mixture import GaussianMixture
 
+    seed = check_seed(seed)   # scikit-learn's random_state: the seed as it is
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y)
     d, K = X.shape[1], config.components
@@ -138,7 +143,7 @@ def client_update(X, y, n_classes: int, config: Config, seed: int = 0, init=None
         Xc = X[y == c]
         while True:
             g = GaussianMixture(kc, covariance_type=config.covariance, max_iter=config.gmm_max_iter,
-                                tol=config.gmm_tol, random_state=seed % (2**32 - 1)).fit(Xc)
+                                tol=config.gmm_tol, random_state=seed).fit(Xc)
             if reference or kc == 1 or g.weights_.min() * len(Xc) >= config.min_per_component:
                 break
             kc -= 1
@@ -180,7 +185,7 @@ def sample_class_sklearn(msg: dict, c: int, n: int, covariance: str, seed: int) 
 
     kc = int(msg["n_components"][c])
     w = msg["weights"][c, :kc].astype(np.float64)
-    g = GaussianMixture(kc, covariance_type=covariance, random_state=seed % (2**32 - 1))
+    g = GaussianMixture(kc, covariance_type=covariance, random_state=check_seed(seed))
     g.weights_ = w / w.sum() if w.sum() > 0 else np.full(kc, 1.0 / kc)
     g.means_ = msg["means"][c, :kc].astype(np.float32)
     g.covariances_ = msg["covariances"][c, :kc].astype(np.float32)
