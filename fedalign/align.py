@@ -28,7 +28,7 @@ import numpy as np
 
 from fedalign import defaults
 from fedalign.backend import get_backend
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, short_array
 from fedalign.gaussian import gaussian_barycenter, interpolate_map, ot_maps
 
 #: Default geodesic time (the SLOT-Align reference implementation's fixed-mode default).
@@ -214,11 +214,6 @@ def save_reference(path, ref: Reference, extra_meta: dict | None = None):
                                              weights=ref.weights, n=ref.n), meta)
 
 
-def _short_array(a) -> str:
-    """An array for a one-line message: at most a few values, one line."""
-    return np.array2string(np.asarray(a), threshold=5, max_line_width=1000)
-
-
 def load_reference(path) -> Reference:
     """Read and validate a ``reference`` file: besides its schema, the clients' weights w_k
     are ≥ 0 and sum to 1 and their row counts n_k are ≥ 1 (as every writer makes them)."""
@@ -228,10 +223,10 @@ def load_reference(path) -> Reference:
     w, n = a["weights"], a["n"]
     if np.any(w < 0) or not np.isclose(w.sum(), 1.0, rtol=1e-6):
         raise FedalignError(f"{path}: reference 'weights' (the clients' w_k) must be ≥ 0 and "
-                            f"sum to 1, got {_short_array(w)} (sum {float(w.sum()):.6g})")
+                            f"sum to 1, got {short_array(w)} (sum {float(w.sum()):.6g})")
     if np.any(n < 1):
         raise FedalignError(f"{path}: reference 'n' (the clients' row counts) must be ≥ 1, "
-                            f"got {_short_array(n)}")
+                            f"got {short_array(n)}")
     meta = dict(meta, sha256=sha256_file(path))
     return Reference(a["mean"].astype(float), a["covariance"].astype(float),
                      a["weights"].astype(float), a["n"], meta)

@@ -17,13 +17,18 @@ without rewriting the message:
   from the library and ``--skip-bad`` in ``fedalign extract``, whose runtime says how it
   spells its parameters (:func:`spelling`) while a command runs.
 
-Pure Python, importing nothing of fedalign.
+A message that shows the array it got shows it with :func:`short_array`: a few values, on one
+line (the CLI prints one ``error:`` line).
+
+Pure Python, importing nothing of fedalign (:func:`short_array` imports numpy when called, with
+an array in hand).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 
 
 class FedalignError(Exception):
@@ -69,3 +74,25 @@ def spelling(speller):
         yield
     finally:
         _SPELLER.reset(token)
+
+
+def short_array(a, threshold: int = 5, precision: int | None = None) -> str:
+    """An array for a one-line message: numpy's text of ``a``, summarised and on one line.
+
+    Parameters
+    ----------
+    a : array-like
+    threshold : most values shown in full; a larger array (of more than six) shows its first
+        and last three around ``...`` (numpy's ``threshold``, ``edgeitems=3``)
+    precision : digits of a float (None: numpy's print options, 8)
+
+    Returns
+    -------
+    str without a line break: ``[0.25 0.25]``, ``[3 0 0 ... 0 0 1]``; the rows of a 2-D
+    array follow each other (``[[1 2] [3 4]]``)
+    """
+    import numpy as np
+
+    text = np.array2string(np.asarray(a), threshold=threshold, precision=precision,
+                           max_line_width=1000)
+    return re.sub(r"\n\s*", " ", text)

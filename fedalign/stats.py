@@ -34,7 +34,7 @@ import numpy as np
 
 from fedalign.backend import array_bytes, get_backend
 from fedalign.defaults import CHUNK_ROWS
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, short_array
 
 
 @dataclass
@@ -437,9 +437,9 @@ def load_stats(path, check_spd: bool = True) -> GaussianStats:
         counts = a["class_counts"]   # each within ±2**53 (read_npz); summed exactly
         total = sum(int(c) for c in counts)
         if int(counts.min()) < 0 or total > n:
-            shown = np.array2string(counts, threshold=8, max_line_width=1000)
             raise FedalignError(f"{path}: 'class_counts' must be ≥ 0 and sum to at most n={n} "
-                                f"(the labeled rows), got {shown} (sum {total})")
+                                f"(the labeled rows), got {short_array(counts, threshold=8)} "
+                                f"(sum {total})")
         m.n_classes = len(a["class_counts"])
         m.class_counts = a["class_counts"].astype(np.int64)
         m.class_sums = a["class_sums"].astype(float)

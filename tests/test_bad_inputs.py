@@ -807,7 +807,9 @@ NPZ_READERS = {
     (dict(__meta__="[1, 2]"), "metadata must be a JSON object, got list"),
     (dict(__format_version__="1"), "format_version must be one integer, got '1'"),
     (dict(__format_version__=[1, 1]), "format_version must be one integer"),
-], ids=["bad-json", "list", "version-text", "version-list"])
+    (dict(__format_version__=[[1, 2], [3, 4]]),     # errors.short_array: one line, not two
+     re.escape("format_version must be one integer, got [[1 2] [3 4]] (int64)")),
+], ids=["bad-json", "list", "version-text", "version-list", "version-table"])
 @pytest.mark.parametrize("src", list(NPZ_READERS))
 def test_class9_broken_npz_metadata_is_one_error_for_every_kind(here, src, entries, match):
     _edit_npz(src, "x.npz", **entries)

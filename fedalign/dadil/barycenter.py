@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedalign.dadil.distances import emd_plan, sq_dist
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, short_array
 
 #: Smallest variance of a barycenter GMM built by :func:`atoms_barycenter`.
 MIN_VARIANCE = 1e-12
@@ -241,7 +241,7 @@ def check_simplex(alpha, what: str = "alpha") -> np.ndarray:
     if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or a.min() < -SIMPLEX_ATOL \
             or abs(a.sum() - 1.0) > SIMPLEX_ATOL * a.size:
         raise FedalignError(f"{what} must be nonnegative weights summing to 1, got "
-                            f"{np.array2string(a, precision=4)}")
+                            f"{short_array(a, precision=4)}")
     return a
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedalign.errors import FedalignError
+from fedalign.errors import FedalignError, short_array
 from fedalign.files.outputs import _require_file, _short
 from fedalign.files.schemas import (PACKED_DTYPES, _get_schema, _get_version, _read_schema,
                                     _validate_arrays, _validate_meta)
@@ -164,7 +164,7 @@ def _npz_version(a: np.ndarray, path, kind: str) -> int:
     """The ``__format_version__`` entry: one integer (a string, a float or a list is not)."""
     if a.shape != () or a.dtype.kind not in "iu":
         raise FedalignError(f"{path}: {kind} format_version must be one integer, got "
-                            f"{np.array2string(a, threshold=5)} ({a.dtype})")
+                            f"{short_array(a)} ({a.dtype})")
     return int(a)
 
 
