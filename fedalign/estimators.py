@@ -202,7 +202,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     pseudo-labeled by B(α_T)'s MAP rule and an LDA of their and the sources' class statistics,
     its shrinkage chosen by leave-one-source-domain-out (:mod:`fedalign.dadil.target_head`);
     ``linear``, logistic regression on ``n_per_class`` samples per class
-    (:func:`fedalign.gmm.train_head_from_gmm`); or ``map``, argmax_c Σ_k P(k | x) V_kc
+    (:func:`fedalign.gmm_head.train_head_from_gmm`); or ``map``, argmax_c Σ_k P(k | x) V_kc
     (:func:`fedalign.gmm.map_predict`) — the heads of
     :func:`fedalign.dadil.classifiers.gmm_classifier` and of ``fedalign dadil-evaluate``.
 
@@ -266,7 +266,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         from fedalign.dadil.classifiers import centralized_barycenter, check_classifier
-        from fedalign.gmm import fit_gmm, train_head_from_gmm
+        from fedalign.gmm import fit_gmm
+        from fedalign.gmm_head import train_head_from_gmm
 
         X, sd = _check_domains(X, sample_domain, required=False)
         y = np.asarray(y)

@@ -1,4 +1,4 @@
-"""Labeled diagonal Gaussian mixtures: fitting, files, sampling and classification.
+"""Labeled diagonal Gaussian mixtures: fitting, files, sampling and the MAP rule.
 
 A labeled diagonal GMM (GMM-DaDiL, Montesuma et al. 2024) is
 
@@ -15,8 +15,8 @@ Fitting (:func:`fit_gmm`)
 
 Classification
     MAP:       ŷ(x) = argmax_c Σ_k P(k | x) V_kc, P(k | x) ∝ w_k N(x; m_k, diag v_k) (log-domain).
-    Sampling:  draw x = m_k + √v_k ⊙ ε, y = argmax_c V_kc and train a linear head
-               (:func:`train_head_from_gmm`).
+    Sampling:  draw x = m_k + √v_k ⊙ ε, y = argmax_c V_kc (:func:`sample_gmm`); the linear head
+               trained on class-balanced samples is :mod:`fedalign.gmm_head`'s.
 
 References
 ----------
@@ -402,53 +402,3 @@ def predict_proba(gmm: GMM, X) -> np.ndarray:
 def map_predict(gmm: GMM, X) -> np.ndarray:
     """MAP classifier ŷ(x) = argmax_c Σ_k P(k | x) V_kc: (n,) int64."""
     return predict_proba(gmm, X).argmax(1).astype(np.int64)
-
-
-# --------------------------------------------------------------------------------------------
-# Linear head trained on samples
-# --------------------------------------------------------------------------------------------
-
-
-def sample_balanced(gmm: GMM, n_per_class: int, rng=None) -> tuple[np.ndarray, np.ndarray]:
-    """n_per_class samples of every class c that owns a component (argmax V_k = c).
-
-    Within a class, components are drawn with probability ∝ w_k. Returns X (m, d), y (m,).
-    """
-    if gmm.labels is None:
-        raise FedalignError("the GMM has no labels: cannot sample labeled features")
-    rng = np.random.default_rng(rng)
-    owner = gmm.labels.argmax(1)
-    Xs, ys = [], []
-    for c in np.unique(owner):
-        idx = np.flatnonzero(owner == c)
-        w = gmm.weights[idx] + 1e-300
-        k = idx[rng.choice(len(idx), size=int(n_per_class), p=w / w.sum())]
-        Xs.append(gmm.means[k] + np.sqrt(gmm.variances[k]) * rng.standard_normal((len(k), gmm.d)))
-        ys.append(np.full(len(k), c, dtype=np.int64))
-    return np.concatenate(Xs), np.concatenate(ys)
-
-
-def train_head_from_gmm(gmm: GMM, n_per_class: int = 500, seed: int = 0, C: float = 1.0,
-                        max_iter: int = 1000):
-    """Logistic-regression head (with standardisation) trained on labeled GMM samples.
-
-    Parameters
-    ----------
-    gmm : labeled GMM
-    n_per_class : samples drawn per class (:func:`sample_balanced`)
-    seed : sampling seed
-    C, max_iter : scikit-learn ``LogisticRegression`` controls
-
-    Returns
-    -------
-    a fitted scikit-learn pipeline with ``predict(X)``.
-    """
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    X, y = sample_balanced(gmm, n_per_class, seed)
-    if len(np.unique(y)) < 2:
-        raise FedalignError("the GMM labels cover fewer than 2 classes: cannot train a head")
-    clf = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
-    return clf.fit(X, y)

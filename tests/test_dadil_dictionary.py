@@ -12,7 +12,8 @@ from fedalign.dadil.barycenter import atoms_barycenter
 from fedalign.dadil.dictionary import learn_dictionary, local_steps
 from fedalign.dadil.optim import AdamState, Optim, adam_update
 from fedalign.errors import FedalignError
-from fedalign.gmm import GMM, fit_gmm, map_predict, train_head_from_gmm
+from fedalign.gmm import GMM, fit_gmm, map_predict
+from fedalign.gmm_head import train_head_from_gmm
 
 
 def test_project_simplex_optimality():

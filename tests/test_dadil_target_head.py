@@ -9,7 +9,8 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from fedalign.dadil import target_head as th
 from fedalign.dadil.evaluation import evaluate_target
 from fedalign.errors import FedalignError
-from fedalign.gmm import GMM, fit_gmm, map_predict, train_head_from_gmm
+from fedalign.gmm import GMM, fit_gmm, map_predict
+from fedalign.gmm_head import train_head_from_gmm
 from fedalign.heads import fedcgs
 
 C, D = 3, 6

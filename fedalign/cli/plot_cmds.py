@@ -94,7 +94,7 @@ def reconstruction_cmd(
     from fedalign.dadil.state import client_barycenter, load_state
     from fedalign.errors import FedalignError
     from fedalign.files import read_features
-    from fedalign.gmm import sample_balanced
+    from fedalign.gmm_head import sample_balanced
     from fedalign.plot import plot_reconstruction
 
     if (state is None) == (atoms is None):

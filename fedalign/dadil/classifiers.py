@@ -80,13 +80,14 @@ def gmm_classifier(gmm, classifier: str = "linear", n_per_class: int = 500, seed
     """A predict function X (n, d) → (n,) from a labeled GMM.
 
     ``linear``: logistic-regression head (standardised, C = 1) trained on ``n_per_class``
-    labeled samples per class drawn with ``seed`` (:func:`fedalign.gmm.train_head_from_gmm`);
+    labeled samples per class drawn with ``seed`` (:func:`fedalign.gmm_head.train_head_from_gmm`);
     ``map``: the MAP rule argmax_c Σ_k P(k | x) V_kc (:func:`fedalign.gmm.map_predict`),
     which does not depend on the seed; ``lda``: the head on the target's own rows
     (``rows``, a :class:`fedalign.dadil.target_head.TargetRows`), which does not depend on
     the seed either; ``auto``: whichever of ``lda`` and ``linear`` ``rows.choice`` names.
     """
-    from fedalign.gmm import map_predict, train_head_from_gmm
+    from fedalign.gmm import map_predict
+    from fedalign.gmm_head import train_head_from_gmm
 
     check_classifier(classifier)
     if gmm.labels is None:

@@ -242,7 +242,8 @@ def stand_in_scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class
     """(lda, linear) accuracies on half B of a stand-in ``g`` of B(α_T): ``lda`` = the LDA of
     ``messages`` and half A pseudo-labeled by g's MAP rule; ``linear`` = logistic regression on
     samples of g."""
-    from fedalign.gmm import map_predict, train_head_from_gmm
+    from fedalign.gmm import map_predict
+    from fedalign.gmm_head import train_head_from_gmm
 
     owners = np.unique(g.labels.argmax(1))
     if len(owners) < 2:     # transferred labels of one class: its samples train no classifier
