@@ -214,6 +214,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     classifier : "auto" (default: ``lda`` or ``linear``, chosen on the sources by
         :func:`fedalign.dadil.target_head.choose_head`), "lda", "linear" or "map"
     n_per_class : samples per class of the linear head
+    cem_iter : most relabelings of the ``lda`` head's classification EM (0: the one-pass
+        head of stop 39)
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
     seed : seed of the GMM fits, the atoms and the head's samples (same seed → same model)
@@ -239,7 +241,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, components_per_class=5, n_atoms=defaults.N_ATOMS, n_iter=100,
                  classifier="auto", n_per_class=500, class_weights="balanced",
-                 var_floor_rel=0.01, seed=0, align_to_target=True):
+                 var_floor_rel=0.01, seed=0, align_to_target=True,
+                 cem_iter=defaults.CEM_ITER):
         self.components_per_class = components_per_class
         self.n_atoms = n_atoms
         self.n_iter = n_iter
@@ -249,6 +252,7 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
         self.var_floor_rel = var_floor_rel
         self.seed = seed
         self.align_to_target = align_to_target
+        self.cem_iter = cem_iter
 
     def fit(self, X, y, *, sample_domain=None):
         """Learn the dictionary from labeled sources and one unlabeled target.
@@ -321,7 +325,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
             if kind in ("lda", "auto"):
                 from fedalign.dadil.target_head import choose_head, target_rows
 
-                rows = target_rows(X[sd == targets[0]], labeled_sources, C, d=B.d)
+                rows = target_rows(X[sd == targets[0]], labeled_sources, C, d=B.d,
+                                   cem_iter=int(self.cem_iter))
                 if kind == "auto":
                     kind = choose_head(rows, gmms[:-1], labeled_sources,
                                        n_per_class=int(self.n_per_class), seed=int(self.seed))

@@ -298,6 +298,19 @@ def test_lda_head_through_dadil_evaluate_and_evaluate(federation):
     assert rep["records"]["lda head"]["shrinkage_rule"] == "leave-one-source-domain-out"
     lda = rep["accuracy"]["agg"]["lda"]
     assert lda[0] == lda[1] and lda[0] > 0.5        # seed-free; above chance on 2 classes
+    cem = rep["records"]["lda head"]["classification_em"]["agg"]
+    assert cem["max_iter"] == 10 and cem["iterations"] == len(cem["changed"]) <= 10
+    assert sum(cem["label_counts"]) == len(Xa)
+    # --cem-iter 0: the one-pass head (MAP pseudo-labels only)
+    r = _run("dadil-evaluate", "--test", test, "--state", f"agg={state}", "--source", srcs[0],
+             "--source", srcs[1], "--target-adapt", tmp / "tgt.adapt.h5", "--seeds", "0",
+             "--cem-iter", 0, "--json", tmp / "lda0.json")
+    assert r.exit_code == 0, r.output
+    one = json.loads((tmp / "lda0.json").read_text())["records"]["lda head"]
+    assert one["classification_em"]["agg"]["iterations"] == 0
+    assert one["classification_em"]["agg"]["changed"] == [] and one["classification_em"]["agg"]["converged"]
+    _one_error(_run("dadil-evaluate", "--test", test, "--state", state, "--source", srcs[0],
+                    "--target-adapt", tmp / "tgt.adapt.h5", "--cem-iter", -1), "--cem-iter")
     r = _run("evaluate", "-m", "dadil", "--input", state, "--test", test, "--seeds", "0-1",
              "--param", "dadil.classifier=lda", "--param", f"dadil.target_adapt={tmp / 'tgt.adapt.h5'}",
              "--param", f"dadil.sources={srcs[0]},{srcs[1]}", "--json", tmp / "ev_lda.json")

@@ -81,10 +81,16 @@ def test_target_head_learns_from_pseudo_labels_and_never_reads_target_labels(dat
     # a barycenter that labels the target's clusters wrongly: its pseudo-labels are used
     # (the head gets worse), the target's true labels are never read
     bad = fit_gmm(Xt, (yt + 1) % C, 2, n_classes=C, seed=0)
-    hb = th.fit_target_head(bad, Xt, srcs, C)
+    hb = th.fit_target_head(bad, Xt, srcs, C, cem_iter=0)          # the one-pass head
     np.testing.assert_array_equal(hb.record["pseudo_label_counts"],
                                   np.bincount(map_predict(bad, Xt), minlength=C))
+    assert hb.record["classification_em"]["iterations"] == 0
     assert np.mean(hb.predict(Xt) == yt) < np.mean(h.predict(Xt) == yt) - 0.02
+    # classification EM (the default) moves the wrong labels towards the sources' classes
+    hc = th.fit_target_head(bad, Xt, srcs, C)
+    cem = hc.record["classification_em"]
+    assert cem["iterations"] >= 1 and cem["changed"][0] > 0
+    assert np.mean(hc.predict(Xt) == yt) > np.mean(hb.predict(Xt) == yt)
 
 
 def test_target_head_bad_inputs(data):
@@ -132,7 +138,7 @@ def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labe
     other = evaluate_target(Xt, (yt + 1) % C, **kw).records["lda head"]["head_rule"]
     assert other == rule
     # source 0's scores with each stand-in: lda = the others' statistics plus half A
-    # pseudo-labeled by the stand-in, linear = samples of the stand-in, both on half B
+    # pseudo-labeled by the stand-in (one pass: the rule scores the one-pass lda head), linear = samples of the stand-in, both on half B
     X0, y0 = srcs[0]
     perm = np.random.default_rng([0, 0, 29]).permutation(len(y0))
     a, b = perm[: len(y0) // 2], perm[len(y0) // 2:]
@@ -144,7 +150,7 @@ def test_auto_head_is_the_head_the_source_rule_chose_and_never_reads_target_labe
         g = g_a if name == "own labels" else th.relabeled(g_a, others, *rows.shrinkage)
         assert np.array_equal(g.labels, labels)
         msgs = others + [th.class_statistics(X0[a], map_predict(g, X0[a]), C)]
-        head = th.lda_from_statistics(msgs, C, *rows.shrinkage)
+        head = th.lda_from_statistics(msgs, C, *rows.shrinkage)     # one pass, no CEM
         got = rule["stand_ins"][name]
         assert got["lda"][0] == pytest.approx(np.mean(head.predict(X0[b]) == y0[b]))
         lin = train_head_from_gmm(g, n_per_class=500, seed=0)

@@ -287,3 +287,26 @@ def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_
     assert job["pick"]["own+relabeled"] == \
         rec["result"]["records"]["lda head"]["head_rule"]["choice"]
     assert "| a | 1 |" in res.stdout
+
+
+@pytest.mark.slow
+def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_path):
+    import json
+    import sys
+
+    out = tmp_path / "tune"
+    res = subprocess.run([sys.executable, str(DADIL / "tune_lda_head.py"), "--features",
+                          str(mydata), "--domains", "a,b,c", "--targets", "a", "--out", str(out),
+                          "--rounds", "2", "--local-steps", "1", "--k", "2", "--missing", "0,0.34",
+                          "--missing-seeds", "0", "--workers", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    jobs = json.loads((out / "lda_head_tuning.json").read_text())
+    assert sorted(j["missing"] for j in jobs) == [0.0, 0.34]
+    for j in jobs:
+        for acc in j["acc"].values():
+            assert set(acc) == {"hard", "soft", "prior", "soft+prior", "poe", "cem1", "cem",
+                                "true", "sources", "src-labels"}
+            assert all(0.0 <= v <= 1.0 for v in acc.values())
+    # the library's head is cem (the script asserts it against the job's own lda row)
+    assert "| a | 2 |" in res.stdout and "(loss " in res.stdout

@@ -254,8 +254,9 @@ def dadil_evaluate_cmd(
     oracle_gmm: Optional[Path] = typer.Option(None, "--oracle-gmm", help="The target's GMM fitted WITH its adaptation-split labels: the oracle ceiling."),
     central_iters: int = typer.Option(100, min=1, help="Steps of centralized GMM-DaDiL."),
     n_atoms: int = typer.Option(defaults.N_ATOMS, "--n-atoms", min=1, help="Atoms of centralized GMM-DaDiL."),
-    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and --head-gmm), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --head-gmm)."),
+    classifier: Optional[List[str]] = typer.Option(None, "--classifier", help="Heads of the GMM-based rows: linear (head on GMM samples), map, lda (the target's --target-adapt rows pseudo-labeled by the GMM, an LDA of their and the sources' class statistics, the labels refined by classification EM: --cem-iter), auto (lda or linear, chosen per target by leave-one-source-domain-out on the sources; needs --target-adapt and --head-gmm), comma-separated or repeated (default: linear,map; lda with --target-adapt; auto with --target-adapt and --head-gmm)."),
     n_per_class: int = typer.Option(500, min=1, help="Samples per class for the linear head."),
+    cem_iter: int = typer.Option(defaults.CEM_ITER, "--cem-iter", min=0, help="Most relabelings of the lda head's pseudo-labels by classification EM (the LDA relabels the target's rows until they stop changing); 0: the one-pass head (pseudo-labels of the GMM's MAP rule only)."),
     target_adapt: Optional[Path] = typer.Option(None, "--target-adapt", help="The target's adaptation rows (.h5), seen unlabeled: the lda head of every GMM-based row pseudo-labels them (added to the default heads), and --peers adapt to them; labels in it, where present, train only the peers' ceiling row."),
     head_source: Optional[List[Path]] = typer.Option(None, "--head-source", help="Labeled source features of the lda head, in the coordinates the dictionary was learned in (e.g. mapped onto the target's Gaussian with align --tau 1); default: the --source files."),
     head_gmm: Optional[List[Path]] = typer.Option(None, "--head-gmm", help="The labeled GMM of every --head-source (or --source), in the same order: the auto head's rule refits it, with its own fit options, on half of that source's rows (fit-gmm output of the federation's sources); adds auto to the default heads."),
@@ -312,8 +313,8 @@ def dadil_evaluate_cmd(
             test, states=states, sources=list(source or []), source_gmms=list(gmm or []),
             target_gmm=target_gmm, oracle_gmm=oracle_gmm, seeds=seeds, classifiers=heads,
             target_adapt=target_adapt, head_sources=list(head_source or []),
-            head_gmms=list(head_gmm or []), n_per_class=n_per_class, dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters),
-            progress=bar)
+            head_gmms=list(head_gmm or []), n_per_class=n_per_class, cem_iter=cem_iter,
+            dictionary_kwargs=dict(n_atoms=n_atoms, n_iter=central_iters), progress=bar)
         if peer_rows:
             from fedalign.peers import add_peer_rows, evaluate_peers_files
 

@@ -16,6 +16,7 @@ Rooms (each imports only the ones above it, plus :mod:`fedalign.errors`, :mod:`f
 - :mod:`~fedalign.dadil.gossip`      one gossip round (Algorithm 1), in memory and from files
 - :mod:`~fedalign.dadil.simulation`  many clients × rounds in one process, the same files
 - :mod:`~fedalign.dadil.consensus`   consensus curves M_ij(t) of a federation
+- :mod:`~fedalign.dadil.classification_em` the ``lda`` head's pseudo-labels refined by the LDA
 - :mod:`~fedalign.dadil.target_head` the target's ``lda`` head on its own pseudo-labeled rows
 - :mod:`~fedalign.dadil.classifiers` heads on labeled GMMs and the baselines
 - :mod:`~fedalign.dadil.evaluation`  one target domain, every method; ``evaluate -m dadil``

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedalign import defaults
 from fedalign.dadil.classifiers import (AUTO_HEAD, CENTRALIZED, CLASSIFIERS, HEADS, ORACLE,
                                         ROWS_HEAD, SOURCE_ONLY, SOURCE_ONLY_CS, SOURCE_ONLY_HEAD, _labeled,
                                         accuracy, centralized_barycenter, gmm_classifier,
@@ -132,7 +133,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
                     source_only_Cs=SOURCE_ONLY_CS, source_only_cv: str = "lodo",
                     dictionary_kwargs: dict | None = None, progress=None, target_adapt=None,
                     head_sources=None, shrinkage=None,
-                    head_source_gmms=None, source_only=None) -> TargetResult:
+                    head_source_gmms=None, source_only=None,
+                    cem_iter: int = defaults.CEM_ITER) -> TargetResult:
     """Score every available method on one target domain's labeled test split.
 
     Methods (each only when its inputs are given), in this order:
@@ -173,6 +175,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     target_adapt, head_sources, shrinkage : the ``lda`` head's (m, d) unlabeled target rows,
         labeled sources in the dictionary's coordinates (None: ``sources``) and (ridge,
         shrink_to) (None: the rule): :func:`fedalign.dadil.target_head.target_rows`
+    cem_iter : most relabelings of the ``lda`` head's classification EM (0: one pass;
+        :mod:`fedalign.dadil.classification_em`)
     head_source_gmms : the labeled GMMs of ``head_sources`` (same order and coordinates): the
         ``auto`` head's rule (:func:`fedalign.dadil.target_head.choose_head`), added to the
         default heads when given
@@ -203,7 +207,7 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     res = TargetResult(str(domain), C, int(len(y)), seeds)
     tick = progress or (lambda k: None)
     rows = _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
-                        head_source_gmms, n_per_class)
+                        head_source_gmms, n_per_class, cem_iter)
     if sources:
         _source_only_row(res, X, y, sources, source_only_Cs, source_only_cv, tick, source_only)
     gmm_row = dict(res=res, X=X, y=y, classifiers=classifiers, n_per_class=n_per_class, tick=tick,
@@ -233,7 +237,7 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
 
 
 def _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
-                 head_source_gmms=None, n_per_class=500):
+                 head_source_gmms=None, n_per_class=500, cem_iter=defaults.CEM_ITER):
     """The ``lda`` / ``auto`` heads' :class:`~fedalign.dadil.target_head.TargetRows` (its
     shrinkage and head chosen once, recorded under ``res.records["lda head"]``), or None
     without those heads."""
@@ -243,7 +247,8 @@ def _target_rows(X, C, classifiers, target_adapt, head_sources, shrinkage, res,
         return None
     if AUTO_HEAD in classifiers and not head_source_gmms:
         raise FedalignError("the auto head needs the labeled sources' GMMs (its rule)")
-    rows = target_rows(target_adapt, head_sources, C, shrinkage=shrinkage, d=X.shape[1])
+    rows = target_rows(target_adapt, head_sources, C, shrinkage=shrinkage, d=X.shape[1],
+                       cem_iter=cem_iter)
     if AUTO_HEAD in classifiers:
         choose_head(rows, list(head_source_gmms), head_sources, n_per_class=n_per_class,
                     seed=res.seeds[0])
@@ -320,10 +325,22 @@ def _gmm_row(method, gmm_for_seed, res, X, y, classifiers, n_per_class, tick, ro
             eff = rows.choice if h == AUTO_HEAD and rows is not None else h
             key = (eff, s) if eff == "linear" else eff
             if key not in done or done[key][0] is not g:  # same GMM (and seed): reuse
-                done[key] = (g, accuracy(gmm_classifier(g, eff, n_per_class, s, rows=rows), X, y))
+                done[key] = (g, accuracy(_classifier(g, eff, n_per_class, s, rows, res, method),
+                                         X, y))
             acc[h].append(done[key][1])
         tick(1)
     res.accuracy[method] = acc
+
+
+def _classifier(g, head, n_per_class, seed, rows, res, method):
+    """:func:`gmm_classifier`; the ``lda`` head's classification-EM record is kept under
+    ``res.records["lda head"]["classification_em"][method]``."""
+    if head != ROWS_HEAD or rows is None:
+        return gmm_classifier(g, head, n_per_class, seed, rows=rows)
+    th = rows.head(g)
+    res.records[ROWS_HEAD + " head"].setdefault("classification_em", {})[method] = \
+        th.record["classification_em"]
+    return th.predict
 
 
 def read_test_split(path) -> tuple:
