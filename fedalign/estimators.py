@@ -199,8 +199,10 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     (:func:`fedalign.dadil.classifiers.centralized_barycenter`), and trains the head on the
     target's labeled barycenter B(α_T; atoms): ``auto`` (default) picks ``lda`` or ``linear``
     by a rule on the sources alone (:func:`fedalign.dadil.target_head.choose_head`); ``lda``, the target's own rows
-    pseudo-labeled by B(α_T)'s MAP rule and an LDA of their and the sources' class statistics,
-    its shrinkage chosen by leave-one-source-domain-out (:mod:`fedalign.dadil.target_head`);
+    pseudo-labeled by B(α_T)'s MAP rule (refined by classification EM if ``cem_iter`` > 0,
+    :mod:`fedalign.dadil.classification_em`) and an LDA of their and the sources' class
+    statistics, its shrinkage chosen by leave-one-source-domain-out
+    (:mod:`fedalign.dadil.target_head`);
     ``linear``, logistic regression on ``n_per_class`` samples per class
     (:func:`fedalign.gmm_head.train_head_from_gmm`); or ``map``, argmax_c Σ_k P(k | x) V_kc
     (:func:`fedalign.gmm.map_predict`) — the heads of
@@ -214,8 +216,8 @@ class GMMDaDiLClassifier(ClassifierMixin, BaseEstimator):
     classifier : "auto" (default: ``lda`` or ``linear``, chosen on the sources by
         :func:`fedalign.dadil.target_head.choose_head`), "lda", "linear" or "map"
     n_per_class : samples per class of the linear head
-    cem_iter : most relabelings of the ``lda`` head's classification EM (0: the one-pass
-        head of stop 39)
+    cem_iter : relabelings of the ``lda`` head's pseudo-labels by classification EM (0, the
+        default: the one-pass head)
     class_weights : "balanced" or "prior" class masses of the source GMMs
     var_floor_rel : GMM variance floor per dimension, as a fraction of its variance
     seed : seed of the GMM fits, the atoms and the head's samples (same seed → same model)

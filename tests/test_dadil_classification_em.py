@@ -63,7 +63,8 @@ def test_cem_zero_iterations_is_the_one_pass_head(data):
     res = cem_lda(msgs, Xt, y0, C, 0.1, "identity", max_iter=0)
     assert res.iterations == 0 and res.converged and res.changed == []
     np.testing.assert_array_equal(res.labels, y0)
-    np.testing.assert_array_equal(res.head.predict(Xt), _lda(msgs, Xt, y0, 0.1, "identity").predict(Xt))
+    want = _lda(msgs, Xt, y0, 0.1, "identity")
+    np.testing.assert_array_equal(res.head.predict(Xt), want.predict(Xt))
 
 
 def test_cem_stops_at_max_iter(data):

@@ -186,7 +186,7 @@ def test_gmm_dadil_classifier_labels_params_clone_and_errors():
         clone(clf).set_params(classifier="svm").fit(X, y, sample_domain=sd)
     with pytest.raises(ValueError, match="at least 2"):
         clone(clf).fit(X, np.where(y >= 0, 0, -1), sample_domain=sd)
-    assert GMMDaDiLClassifier().get_params()["cem_iter"] == 10        # classification EM
+    assert GMMDaDiLClassifier().get_params()["cem_iter"] == 0     # the one-pass lda head
     with pytest.raises(ValueError, match="cem_iter must be >= 0"):
         clone(clf).set_params(classifier="lda", cem_iter=-1).fit(X, y, sample_domain=sd)
 

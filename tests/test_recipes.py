@@ -308,5 +308,5 @@ def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_pa
             assert set(acc) == {"hard", "soft", "prior", "soft+prior", "poe", "cem1", "cem",
                                 "true", "sources", "src-labels"}
             assert all(0.0 <= v <= 1.0 for v in acc.values())
-    # the library's head is cem (the script asserts it against the job's own lda row)
+    # the library's head is hard (the script asserts it against the job's own lda row)
     assert "| a | 2 |" in res.stdout and "(loss " in res.stdout

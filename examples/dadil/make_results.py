@@ -322,6 +322,28 @@ def auto_choices(res) -> str:
     return "- The `auto` rule chose (main jobs): " + "; ".join(parts) + ".\n"
 
 
+def cem_summary(res) -> str:
+    """One protocol line: the ``lda`` head's classification EM over the DeFed rows of every job
+    (relabelings, rows changed by the first, convergence)."""
+    its, first, conv, n = [], [], 0, 0
+    for r in res:
+        recs = r.get("result", {}).get("records", {}).get("lda head", {}).get(
+            "classification_em", {})
+        for name, c in recs.items():
+            if name.startswith("DeFed"):
+                n += 1
+                its.append(c["iterations"])
+                conv += bool(c["converged"])
+                first.append(c["changed"][0] / max(1, sum(c["label_counts"])) if c["changed"]
+                             else 0.0)
+    if not n:
+        return ""
+    return (f"- Classification EM of the `lda` head (DeFed rows, every job): {np.mean(its):.1f} "
+            f"relabelings on average (max {max(its)}), converged in {conv}/{n}; the first "
+            f"relabeling changed {100 * np.mean(first):.1f} % of the target's pseudo-labels on "
+            f"average.\n")
+
+
 def absent_classes(res) -> str:
     """What the label-shift EM found: main jobs (nothing removed) that flagged a class, and
     per missing-class job how many of the removed classes it found (and false alarms)."""
@@ -372,16 +394,18 @@ def protocol(res, ds, seeds, targets, timing):
                                                        and p["preset"] == "fedalign") else "")
             + f"- Heads: `linear` = logistic regression on {p['n_per_class']} samples per class of the "
             f"barycenter; `map` = the GMM's MAP rule; `lda` = the target's adaptation rows "
-            f"pseudo-labeled by the barycenter's MAP rule, an LDA of their and the sources' class "
+            f"pseudo-labeled by the barycenter's MAP rule, the labels refined by classification "
+            f"EM (the LDA relabels the rows until they stop changing, ≤ 10 times; "
+            f"`fedalign.dadil.classification_em`), an LDA of their and the sources' class "
             f"statistics, its shrinkage chosen by leave-one-source-domain-out on the sources; "
             f"`auto` = `lda` or `linear`, chosen per target and seed by leave-one-source-domain-out "
             f"(each source plays the target: a labeled GMM of half its rows as the barycenter, "
             f"with its own labels and with labels from the other sources' LDA, both heads scored "
-            f"on the other half and averaged over the two; "
+            f"on the other half and averaged over the two, `lda` as its one-pass head; "
             f"`fedalign.dadil.target_head.choose_head`). "
             f"Source-only: standardised logistic "
             f"regression on the pooled sources, C from a fixed grid by leave-one-source-domain-out CV.\n"
-            + auto_choices(res) + absent_classes(res)
+            + auto_choices(res) + cem_summary(res) + absent_classes(res)
             + (f"- Run time: {t['wall']:.0f} s wall clock on {p['workers']} worker processes "
                f"({t['cpu']:.0f} s of job time"
                + ("; from its first job's start to its last job's end, in a pool shared with "
@@ -513,7 +537,8 @@ def main():
            "until no label changes), on the rotated-blobs federation (noise 0.5, 1.0, 1.5; 3 "
            "classes, d = 8) and on 4 random affine images of a 5-class mixture (d = 20, two "
            "strengths), seeds 0–4: mean accuracy 0.683 → 0.688 over the five families, better on "
-           "two, worse on one (0.621 → 0.600), equal on two — no clear gain. (2) Pseudo-labeling "
+           "two, worse on one (0.621 → 0.600), equal on two — no clear gain (adopted at stop 40 "
+           "on the tuning set of real missing-class jobs, below). (2) Pseudo-labeling "
            "only with the classes the label-shift EM keeps (the absent ones masked), on affine "
            "images of a 6-class mixture (three settings; 0, 2 or 3 of the target's classes "
            "removed; seeds 0–5): worse in all 9 cells (e.g. 0.875 → 0.773 with nothing removed, "
@@ -553,7 +578,33 @@ def main():
            "(4) adopted: as (3), the second stand-in the same half-A GMM with each component "
            "relabeled by the other sources' LDA (no second fit): 77.4 / 94.7 / 91.1, met. (3) "
            "and (4) were formed after (1) and (2) had been seen on this set. "
-           "`tune_head_rule.py` reruns the comparison.", ""]
+           "`tune_head_rule.py` reruns the comparison.",
+           "- Classification EM of the `lda` head (adopted, stop 40: the `fedalign` default, "
+           "`cem_iter = 10`; `--cem-iter 0` gives the one-pass head), chosen on the same tuning "
+           "set (mnist, amazon, caltech10; seeds 0–2; 0/15/30/45 % removed; both strategies, the "
+           "same DeFed barycenters for every variant) against a criterion fixed before any "
+           "variant was scored: mnist's loss from 0 to 45 % falls by ≥ 1.0 point, and no tuning "
+           "target's mean accuracy falls by more than 0.3. What the loss is made of: with the "
+           "target's *true* labels in place of the pseudo-labels the `lda` head still lost 3.5 "
+           "points on mnist (the absent classes' statistics come from the sources alone), while "
+           "the one-pass head's pseudo-labels of the *present* classes got worse with removal "
+           "(at 45 %, 78.5 against the sources-only LDA's 79.7). Variants (mnist mean / loss, "
+           "amazon mean, caltech10 mean; the one-pass head 79.5 / 3.2, 94.16, 91.39): soft "
+           "labels (posterior-weighted statistics) 79.6 / 2.6, 94.21, 91.56; MAP labels after "
+           "Saerens' EM re-estimates the priors 79.5 / 3.2, 94.16, 91.46; both 79.3 / 3.3, 94.18, "
+           "91.59 — none met (i). Formed after those had been seen: the product of B(α_T)'s and "
+           "the sources-only LDA's posteriors 79.8 / 1.7, 94.31, 90.76 (fails (ii)); one "
+           "relabeling by the LDA 80.8 / 1.9, 94.21, 91.07 (fails (ii) by 0.02); classification "
+           "EM to convergence 81.0 / 1.3, 94.25, 91.09 (caltech10 −0.30: met, at the edge). "
+           "Classification EM had been tried at stop 35 on synthetic proxies with no clear gain "
+           "(above); this is the same idea judged again on a different proxy, and the tables "
+           "below are its first test on the reported targets. The `auto` rule keeps scoring "
+           "the one-pass head: refining its stand-ins' pseudo-labels too made it pick `linear` "
+           "on 7 more of the 12 mnist jobs (`auto` 74.8 against 79.9; the stand-ins' labels "
+           "come from a GMM of the source's own labeled rows, which the refinement can only "
+           "move away from). With the rule unchanged, `auto` on the tuning set: mnist 78.4 → "
+           "79.9 (loss 3.2 → 1.3), amazon 94.55 → 94.55, caltech10 91.33 → 91.24. "
+           "`tune_lda_head.py` reruns the comparison.", ""]
     summary = {}
     for ds, res in data.items():
         table, targets, seeds, avgs = main_table(res)

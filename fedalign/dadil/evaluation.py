@@ -175,8 +175,8 @@ def evaluate_target(X, y, *, n_classes: int | None = None, domain: str = "target
     target_adapt, head_sources, shrinkage : the ``lda`` head's (m, d) unlabeled target rows,
         labeled sources in the dictionary's coordinates (None: ``sources``) and (ridge,
         shrink_to) (None: the rule): :func:`fedalign.dadil.target_head.target_rows`
-    cem_iter : most relabelings of the ``lda`` head's classification EM (0: one pass;
-        :mod:`fedalign.dadil.classification_em`)
+    cem_iter : relabelings of the ``lda`` head's pseudo-labels by classification EM (0, the
+        default: one pass; :mod:`fedalign.dadil.classification_em`)
     head_source_gmms : the labeled GMMs of ``head_sources`` (same order and coordinates): the
         ``auto`` head's rule (:func:`fedalign.dadil.target_head.choose_head`), added to the
         default heads when given
