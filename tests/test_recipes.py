@@ -265,18 +265,25 @@ def test_goal_table_says_not_met_and_whether_within_one_standard_error():
     assert any("40.0 min" in x and "**not met**" in x for x in lines)
 
 
-@pytest.mark.slow
-def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_path):
-    import json
+def _tune(script: str, mydata, out, missing: str):
+    """A tuning script of examples/dadil on the tiny features: target a, seed 0, 2 rounds."""
     import sys
 
-    out = tmp_path / "tune"
-    res = subprocess.run([sys.executable, str(DADIL / "tune_head_rule.py"), "--features",
-                          str(mydata), "--domains", "a,b,c", "--targets", "a", "--out", str(out),
-                          "--rounds", "2", "--local-steps", "1", "--k", "2", "--missing", "0.34",
+    res = subprocess.run([sys.executable, str(DADIL / script), "--features", str(mydata),
+                          "--domains", "a,b,c", "--targets", "a", "--out", str(out),
+                          "--rounds", "2", "--local-steps", "1", "--k", "2", "--missing", missing,
                           "--missing-seeds", "0", "--workers", "1"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.mark.slow
+def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_path):
+    import json
+
+    out = tmp_path / "tune"
+    res = _tune("tune_head_rule.py", mydata, out, "0.34")
     [job] = json.loads((out / "head_rule_tuning.json").read_text())
     assert (job["target"], job["seed"], job["missing"]) == ("a", 0, 0.34)
     assert set(job["pick"]) == {"own", "relabeled", "unlabeled", "own+relabeled",
@@ -292,15 +299,9 @@ def test_tune_head_rule_scores_every_stand_in_on_missing_class_jobs(mydata, tmp_
 @pytest.mark.slow
 def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_path):
     import json
-    import sys
 
     out = tmp_path / "tune"
-    res = subprocess.run([sys.executable, str(DADIL / "tune_lda_head.py"), "--features",
-                          str(mydata), "--domains", "a,b,c", "--targets", "a", "--out", str(out),
-                          "--rounds", "2", "--local-steps", "1", "--k", "2", "--missing", "0,0.34",
-                          "--missing-seeds", "0", "--workers", "1"],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
+    res = _tune("tune_lda_head.py", mydata, out, "0,0.34")
     jobs = json.loads((out / "lda_head_tuning.json").read_text())
     assert sorted(j["missing"] for j in jobs) == [0.0, 0.34]
     for j in jobs:
@@ -310,3 +311,25 @@ def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_pa
             assert all(0.0 <= v <= 1.0 for v in acc.values())
     # the library's head is hard (the script asserts it against the job's own lda row)
     assert "| a | 2 |" in res.stdout and "(loss " in res.stdout
+
+
+def test_variant_section_pairs_the_variant_with_the_default_over_seeds():
+    mr = _make_results()
+    lda, auto = ("DeFed aggregation", "lda"), ("DeFed aggregation", "auto")
+
+    def run(shift, loss):
+        res = [_job("main", t, s, {lda: 0.6 + 0.1 * s + shift, auto: 0.6 + 0.1 * s + shift})
+               for s in (0, 1) for t in ("a", "b")]
+        res += [_job("missing", "a", s, {lda: 0.6 + 0.1 * s + shift - loss[s],
+                                         auto: 0.6 + 0.1 * s + shift - loss[s]}, missing=0.45)
+                for s in (0, 1)]
+        return {"digits": res}
+
+    lines = mr.variant_section(run(0.0, (0.01, 0.03)), "cem", run(0.02, (0.04, 0.04)))
+    assert lines[0] == "## Variant: cem"
+    main = next(x for x in lines if "| DeFed aggregation (lda) |" in x)
+    assert "| 65.00 | 67.00 | +2.00 ± 0.00 (n = 2) |" in main
+    loss = next(x for x in lines if "(lda): loss 0 → 45 %" in x)
+    # losses 1 and 3 points (default), 4 and 4 (variant): Δ = [3, 1], mean 2, SE 1
+    assert "| 2.00 | 4.00 | +2.00 ± 1.00 (n = 2) |" in loss
+    assert not any("replacement" in x for x in lines)          # no such rows in these runs

@@ -128,6 +128,18 @@ def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
     return {d: (Xm, y) for (d, (_, y)), Xm in zip(sources.items(), mapped)}, rec
 
 
+def aligned_job_data(a, T: str, seed: int, m: float, C: int) -> tuple:
+    """What the tuning scripts (``tune_head_rule.py``, ``tune_lda_head.py``) rebuild of a job:
+    (X, y of the target, its split (adaptation, test, dropped classes), the source names, and
+    {source: (X mapped onto the target's reference, y)}) — as :func:`run_job` makes them."""
+    data = {d: load_domain(str(Path(a.features) / f"{d}.h5"), a.subsample) for d in a.domains}
+    X, y, _ = data[T]
+    split = split_target(y, C, seed, m)
+    sources = [d for d in a.domains if d != T]
+    src, _ = align_to_target({d: data[d][:2] for d in sources}, X[split[0]], C)
+    return X, y, split, sources, src
+
+
 def aligned(a) -> bool:
     return a.align_to_target == "on" or (a.align_to_target == "auto" and a.preset == "fedalign")
 
@@ -215,7 +227,8 @@ def run_job(a, job):
         r = evaluate_target(X[te], y[te], n_classes=C, domain=T, seeds=[seed], states=states,
                             n_per_class=a.n_per_class, target_adapt=X[tr],
                             head_sources=[src[d] for d in sources],
-                            head_source_gmms=[src_gmm[d] for d in sources], **kw)
+                            head_source_gmms=[src_gmm[d] for d in sources],
+                            cem_iter=a.cem_iter, **kw)
         res["time"]["evaluate"] = time.perf_counter() - t0
         if kind == "main" and a.peers:  # the shallow DA peers, on the sources as they are
             from fedalign.peers import add_peer_rows, evaluate_peers
@@ -327,6 +340,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keep-states", action="store_true",
                     help="copy the target's final states to OUT/states/ (for pictures)")
+    ap.add_argument("--cem-iter", type=int, default=0,
+                    help="relabelings of the lda head by classification EM (0: the one-pass "
+                         "default; stop 40's variant run: 10)")
     return ap
 
 
@@ -342,6 +358,8 @@ def parse_study(ap, argv):
                if not (Path(a.features) / f"{d}.h5").is_file()]
     if missing:
         ap.error("missing features file(s): " + ", ".join(missing))
+    if a.cem_iter < 0:
+        ap.error(f"--cem-iter must be >= 0, got {a.cem_iter}")
     return a
 
 

@@ -87,13 +87,8 @@ def score_job(args) -> dict:
     from fedalign.gmm import load_gmm
 
     res = run_missing_job(a, T, seed, m)
-    data = {d: run_lodo.load_domain(str(Path(a.features) / f"{d}.h5"), a.subsample)
-            for d in a.domains}
-    X, y, names = data[T]
     C = res["n_classes"]
-    tr, _, _ = run_lodo.split_target(y, C, seed, m)
-    sources = [d for d in a.domains if d != T]
-    src, _ = run_lodo.align_to_target({d: data[d][:2] for d in sources}, X[tr], C)
+    X, y, (tr, _, _), sources, src = run_lodo.aligned_job_data(a, T, seed, m, C)
     tag = f"m{int(round(100 * m)):02d}"
     gmms = [load_gmm(Path(a.out) / "gmms" / f"s{seed}" / f"{d}.to_{T}_{tag}.labeled.gmm.npz")
             for d in sources]

@@ -118,13 +118,8 @@ def score_job(args) -> dict:
     from fedalign.dadil.state import client_barycenter, load_state
 
     name, res = run_job_kept(a, T, seed, m)
-    data = {d: run_lodo.load_domain(str(Path(a.features) / f"{d}.h5"), a.subsample)
-            for d in a.domains}
-    X, y, _ = data[T]
     C = res["n_classes"]
-    tr, te, dropped = run_lodo.split_target(y, C, seed, m)
-    sources = [d for d in a.domains if d != T]
-    src, _ = run_lodo.align_to_target({d: data[d][:2] for d in sources}, X[tr], C)
+    X, y, (tr, te, dropped), sources, src = run_lodo.aligned_job_data(a, T, seed, m, C)
     rows = th.target_rows(X[tr], [src[d] for d in sources], C)
     Xa = np.asarray(X[tr], np.float64)
     acc = {}
