@@ -684,6 +684,9 @@ def main(argv=None) -> int:
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
 
     signal.signal(signal.SIGTERM, stop)
+    # SIGINT too: a launcher started in the background of a script inherits SIGINT ignored
+    # (POSIX, no job control), and Ctrl-C / kill -INT must still stop every process
+    signal.signal(signal.SIGINT, stop)
     try:
         return launch(args)
     except LaunchError as e:
