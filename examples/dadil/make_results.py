@@ -202,6 +202,21 @@ def per_seed_average(res, method, head, kind="main", missing=0.0) -> dict:
     return {s: float(np.mean(v)) for s, v in per.items() if len(v) == len(targets)}
 
 
+def missing_loss(res, method, head) -> tuple:
+    """The missing-class study's loss of one row: ({seed: accuracy with nothing removed −
+    accuracy at the largest fraction removed}, that fraction, the study's targets), over the
+    study's targets and seeds; ({}, None, []) without the study or the row."""
+    fracs = sorted({r["missing"] for r in res if r["job"]["kind"] == "missing"})
+    if not fracs:
+        return {}, None, []
+    mt = sorted({r["target"] for r in res if r["job"]["kind"] == "missing"})
+    ms = {r["seed"] for r in res if r["job"]["kind"] == "missing"}
+    sub = [r for r in res if r["target"] in mt and r["seed"] in ms]
+    full = per_seed_average(sub, method, head)
+    last = per_seed_average(sub, method, head, "missing", fracs[-1])
+    return {s: full[s] - last[s] for s in sorted(set(full) & set(last))}, fracs[-1], mt
+
+
 def paired(a: dict, b: dict, offset: float = 0.0) -> tuple:
     """(mean of a − b − offset, its standard error over the common seeds, n) in points."""
     seeds = sorted(set(a) & set(b))
@@ -245,21 +260,16 @@ def goals_table(data: dict, timing: dict) -> str:
                              f"{100 * np.mean(list(mine.values())):.2f} | {m:+.2f} ± {se:.2f} "
                              f"(n = {n}) | {_verdict(m, se)} |")
     for ds, res in data.items():
-        fracs = sorted({r["missing"] for r in res if r["job"]["kind"] == "missing"})
-        if not fracs:
+        if not any(r["job"]["kind"] == "missing" for r in res):
             continue
-        mt = sorted({r["target"] for r in res if r["job"]["kind"] == "missing"})
-        ms = sorted({r["seed"] for r in res if r["job"]["kind"] == "missing"})
-        sub = [r for r in res if r["target"] in mt and r["seed"] in ms]
         for strat in ("DeFed replacement", "DeFed aggregation"):
             for head in (HEAD, "lda"):
-                full = per_seed_average(sub, strat, head)
-                last = per_seed_average(sub, strat, head, "missing", fracs[-1])
-                if not full or not last:
+                per_seed, frac, mt = missing_loss(res, strat, head)
+                if not per_seed:
                     continue
-                loss, se, n = paired(full, last)
+                loss, se, n = paired(per_seed, dict.fromkeys(per_seed, 0.0))
                 m = MISSING_LOSS_MAX - loss
-                lines.append(f"| {NAMES[ds]} | missing classes: loss 0 → {100 * fracs[-1]:.0f} % "
+                lines.append(f"| {NAMES[ds]} | missing classes: loss 0 → {100 * frac:.0f} % "
                              f"≤ {MISSING_LOSS_MAX:g} ({', '.join(mt)}) | {strat} ({head}) | "
                              f"loss {loss:+.2f} | {m:+.2f} ± {se:.2f} (n = {n}) | "
                              f"{_verdict(m, se)} |")
@@ -476,23 +486,8 @@ def variant_section(data: dict, label: str, vdata: dict) -> list:
                 d, se, n = paired(b_, a_)
                 lines.append(f"| {NAMES[ds]} | {strat} ({head}) | {100 * np.mean(list(a_.values())):.2f} | "
                              f"{100 * np.mean(list(b_.values())):.2f} | {d:+.2f} ± {se:.2f} (n = {n}) |")
-            loss = []
-            for rr in (res, vres):
-                fr = sorted({r["missing"] for r in rr if r["job"]["kind"] == "missing"})
-                if not fr:
-                    break
-                mt = {r["target"] for r in rr if r["job"]["kind"] == "missing"}
-                sub = [r for r in rr if r["target"] in mt and r["seed"] in
-                       {q["seed"] for q in rr if q["job"]["kind"] == "missing"}]
-                z = per_seed_average(sub, strat, head, "main", 0.0)
-                f = per_seed_average(sub, strat, head, "missing", fr[-1])
-                loss.append((z, f, fr[-1]))
-            if len(loss) == 2:
-                (z0, f0, m), (z1, f1, _) = loss
-                l0 = {s_: z0[s_] - f0[s_] for s_ in set(z0) & set(f0)}
-                l1 = {s_: z1[s_] - f1[s_] for s_ in set(z1) & set(f1)}
-                if not (l0 and l1):
-                    continue
+            (l0, m, _), (l1, _, _) = missing_loss(res, strat, head), missing_loss(vres, strat, head)
+            if l0 and l1:
                 d, se, n = paired(l1, l0)
                 lines.append(f"| {NAMES[ds]} | {strat} ({head}): loss 0 → {100 * m:.0f} % | "
                              f"{100 * np.mean(list(l0.values())):.2f} | "

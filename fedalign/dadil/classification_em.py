@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedalign.errors import FedalignError
+from fedalign.heads.fedcgs import floored_variances
 
 #: Most relabelings of :func:`cem_lda` by default (the ``lda`` head's default is
 #: :data:`fedalign.defaults.CEM_ITER` = 0: no refinement).
@@ -75,14 +76,30 @@ class CEMResult:
                     changed=[int(c) for c in self.changed])
 
 
-def one_pass_lda(messages: list, X, y, n_classes: int, ridge: float, shrink_to: str):
-    """The LDA of ``messages`` and of (X, y): :func:`fedalign.heads.fedcgs.server_aggregate`
-    (``covariance="within"``), the head of stop 39 and the one :func:`cem_lda` refines."""
-    from fedalign.heads.fedcgs import Config, class_statistics, server_aggregate
+def lda_config(ridge: float, shrink_to: str):
+    """FedCGS's within-class LDA configuration (:class:`fedalign.heads.fedcgs.Config`),
+    validated: ridge in [0, 1], shrink_to ``identity`` or ``diagonal``."""
+    from fedalign.heads import fedcgs
 
-    msgs = list(messages) + [class_statistics(X, y, n_classes)]
-    return server_aggregate(msgs, n_classes, Config(covariance="within", ridge=float(ridge),
-                                                    shrink_to=shrink_to))
+    cfg = fedcgs.Config(covariance="within", ridge=float(ridge), shrink_to=shrink_to)
+    cfg.validate()
+    return cfg
+
+
+def lda_from_statistics(messages: list, n_classes: int, ridge: float, shrink_to: str):
+    """The within-class LDA of summed class statistics (:func:`fedalign.heads.fedcgs.server_aggregate`)."""
+    from fedalign.heads import fedcgs
+
+    return fedcgs.server_aggregate(messages, n_classes, lda_config(ridge, shrink_to))
+
+
+def one_pass_lda(messages: list, X, y, n_classes: int, ridge: float, shrink_to: str):
+    """The LDA of ``messages`` and of (X, y): the one-pass head, the one :func:`cem_lda`
+    refines."""
+    from fedalign.heads.fedcgs import class_statistics
+
+    return lda_from_statistics(list(messages) + [class_statistics(X, y, n_classes)], n_classes,
+                               ridge, shrink_to)
 
 
 class _LDAFamily:
@@ -99,14 +116,9 @@ class _LDAFamily:
         self.mu = (sum(m["sum_x"] for m in messages) + X.sum(0)) / self.N
         S = (sum(m["sum_xx"] for m in messages) + X.T @ X) / self.N - np.outer(self.mu, self.mu)
         S = 0.5 * (S + S.T)
-        if shrink_to == "identity":
-            e = np.ones(S.shape[0])
-        elif shrink_to == "diagonal":      # as fedcgs.shrink: the total variances, floored
-            v = np.diag(S).copy()
-            e = np.sqrt(np.maximum(v, 1e-12 * max(float(v.max()), 1e-300)))
-        else:
-            raise FedalignError(f"shrink_to must be 'identity' or 'diagonal', got {shrink_to!r}")
-        self.e = e
+        # E² = the shrinkage target's scale: I, or the total variances as fedcgs.shrink floors them
+        self.e = e = (np.ones(S.shape[0]) if shrink_to == "identity"
+                      else np.sqrt(floored_variances(np.diag(S))))
         lam, self.Q = np.linalg.eigh((S / e) / e[:, None])
         self.lam = np.maximum(lam, 0.0)
         self.trG = float(self.lam.sum())
@@ -162,9 +174,8 @@ def cem_lda(messages: list, X, y0, n_classes: int, ridge: float, shrink_to: str,
         raise FedalignError(f"classification EM: labels must be in [0, {n_classes})")
     if int(max_iter) < 0:
         raise FedalignError(f"max_iter must be >= 0, got {max_iter}")
+    lda_config(ridge, shrink_to)   # the shrinkage checked once, for both paths
     if int(max_iter) == 0:         # the one-pass head, exactly (no eigenbasis to build)
-        if shrink_to not in ("identity", "diagonal"):
-            raise FedalignError(f"shrink_to must be 'identity' or 'diagonal', got {shrink_to!r}")
         return CEMResult(one_pass_lda(messages, X, y, n_classes, ridge, shrink_to), y, 0, True, [])
     family = _LDAFamily(messages, X, n_classes, ridge, shrink_to)
     head, changed = family.head(y), []

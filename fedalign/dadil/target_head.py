@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedalign.dadil.classification_em import cem_lda
+from fedalign.dadil.classification_em import cem_lda, lda_from_statistics, one_pass_lda
 from fedalign.defaults import CEM_ITER
 from fedalign.errors import FedalignError
 from fedalign.heads.fedcgs import class_statistics  # noqa: F401 (FedCGS's message, re-exported)
@@ -122,21 +122,6 @@ class TargetHead:
 
     def predict(self, X) -> np.ndarray:
         return self.head.predict(np.asarray(X, np.float64))
-
-
-def _config(ridge: float, shrink_to: str):
-    from fedalign.heads import fedcgs
-
-    cfg = fedcgs.Config(covariance="within", ridge=float(ridge), shrink_to=shrink_to)
-    cfg.validate()
-    return cfg
-
-
-def lda_from_statistics(messages: list, n_classes: int, ridge: float, shrink_to: str):
-    """The within-class LDA of summed class statistics (:func:`fedalign.heads.fedcgs.server_aggregate`)."""
-    from fedalign.heads import fedcgs
-
-    return fedcgs.server_aggregate(messages, n_classes, _config(ridge, shrink_to))
 
 
 def _path_heads(messages: list, n_classes: int, grid) -> list:
@@ -262,11 +247,10 @@ def relabeled(g, messages: list, ridge: float, shrink_to: str):
 
 
 def stand_in_scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class,
-                    seed, cem_iter: int = 0) -> tuple:
+                    seed) -> tuple:
     """(lda, linear) accuracies on half B of a stand-in ``g`` of B(α_T): ``lda`` = the LDA of
-    ``messages`` and half A pseudo-labeled by g's MAP rule (``cem_iter`` relabelings by
-    classification EM: 0, the one pass, in :func:`choose_head`); ``linear`` = logistic
-    regression on samples of g."""
+    ``messages`` and half A pseudo-labeled by g's MAP rule, one pass (module docstring: the
+    rule scores the one-pass head); ``linear`` = logistic regression on samples of g."""
     from fedalign.gmm import map_predict
     from fedalign.gmm_head import train_head_from_gmm
 
@@ -276,8 +260,7 @@ def stand_in_scores(g, messages, X_a, X_b, y_b, C, ridge, shrink_to, n_per_class
     else:
         head = train_head_from_gmm(g, n_per_class=int(n_per_class), seed=int(seed))
         linear = float(np.mean(head.predict(X_b) == y_b))
-    lda = cem_lda(list(messages), X_a, map_predict(g, X_a), C, ridge, shrink_to,
-                  max_iter=cem_iter).head.accuracy(X_b, y_b)
+    lda = one_pass_lda(messages, X_a, map_predict(g, X_a), C, ridge, shrink_to).accuracy(X_b, y_b)
     return float(lda), linear
 
 

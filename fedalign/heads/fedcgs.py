@@ -189,6 +189,13 @@ def within(S, Nc, Mc, mu, ddof: int = 0) -> np.ndarray:
     return S - (D.T * (Nc / (Nc.sum() - ddof))) @ D
 
 
+def floored_variances(v) -> np.ndarray:
+    """The ``diagonal`` shrinkage target's variances D² (d,): ``v`` floored at 1e-12 · its
+    largest (a constant feature stays invertible)."""
+    v = np.asarray(v, np.float64)
+    return np.maximum(v, 1e-12 * max(float(v.max()), 1e-300))
+
+
 def shrink(S, ridge: float, shrink_to: str = "identity", variances=None) -> np.ndarray:
     """The shrunk covariance Σ (d, d) of the LDA head.
 
@@ -199,8 +206,7 @@ def shrink(S, ridge: float, shrink_to: str = "identity", variances=None) -> np.n
     d = S.shape[0]
     if shrink_to == "identity":
         return (1.0 - ridge) * S + ridge * (np.trace(S) / d) * np.eye(d)
-    v = np.diag(S).copy() if variances is None else np.asarray(variances, np.float64)
-    v = np.maximum(v, 1e-12 * max(float(v.max()), 1e-300))
+    v = floored_variances(np.diag(S) if variances is None else variances)
     scale = float(np.sum(np.diag(S) / v)) / d
     return (1.0 - ridge) * S + np.diag(ridge * scale * v)
 
