@@ -333,3 +333,12 @@ def test_variant_section_pairs_the_variant_with_the_default_over_seeds():
     # losses 1 and 3 points (default), 4 and 4 (variant): Δ = [3, 1], mean 2, SE 1
     assert "| 2.00 | 4.00 | +2.00 ± 1.00 (n = 2) |" in loss
     assert not any("replacement" in x for x in lines)          # no such rows in these runs
+
+
+def test_goal_table_checks_consensus_also_without_a_missing_class_study():
+    mr = _make_results()
+    job = _job("main", "kitchen", 0, {("source-only", "logreg"): 0.8})
+    job["consensus"] = {"aggregation": dict(rounds=[0, 50], max=[1.0, 0.2], mean=[1.0, 0.1])}
+    lines = mr.goals_table({"amazon_review": [job]}, {}).splitlines()
+    row = next(x for x in lines if "consensus" in x)
+    assert "(target kitchen, seed 0) | DeFed aggregation | 0.20 | +0.10 | met |" in row

@@ -260,8 +260,6 @@ def goals_table(data: dict, timing: dict) -> str:
                              f"{100 * np.mean(list(mine.values())):.2f} | {m:+.2f} ± {se:.2f} "
                              f"(n = {n}) | {_verdict(m, se)} |")
     for ds, res in data.items():
-        if not any(r["job"]["kind"] == "missing" for r in res):
-            continue
         for strat in ("DeFed replacement", "DeFed aggregation"):
             for head in (HEAD, "lda"):
                 per_seed, frac, mt = missing_loss(res, strat, head)
