@@ -340,9 +340,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keep-states", action="store_true",
                     help="copy the target's final states to OUT/states/ (for pictures)")
-    ap.add_argument("--cem-iter", type=int, default=0,
-                    help="relabelings of the lda head by classification EM (0: the one-pass "
-                         "default; stop 40's variant run: 10)")
+    from fedalign.defaults import CEM_ITER
+
+    ap.add_argument("--cem-iter", type=int, default=CEM_ITER,
+                    help="relabelings of the lda head by classification EM (the library's "
+                         f"default, {CEM_ITER}: one pass; stop 40's variant run: 10)")
     return ap
 
 
