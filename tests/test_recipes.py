@@ -227,7 +227,8 @@ def _job(kind, target, seed, acc, missing=0.0):
     accuracy = {}
     for (m, h), v in acc.items():
         accuracy.setdefault(m, {})[h] = [v]
-    return dict(job=dict(kind=kind), target=target, seed=seed, missing=missing,
+    name = f"{kind}_{target}_s{seed}_m{int(round(100 * missing)):02d}"
+    return dict(job=dict(kind=kind, name=name), target=target, seed=seed, missing=missing,
                 result=dict(accuracy=accuracy))
 
 
@@ -307,7 +308,9 @@ def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_pa
     for j in jobs:
         for acc in j["acc"].values():
             assert set(acc) == {"hard", "soft", "prior", "soft+prior", "poe", "cem1", "cem",
-                                "true", "sources", "src-labels"}
+                                "shift", "shift-pooled", "weighted", "true", "true+shift",
+                                "true+weighted", "sources",
+                                "src-labels"}
             assert all(0.0 <= v <= 1.0 for v in acc.values())
     # the library's head is hard (the script asserts it against the job's own lda row)
     assert "| a | 2 |" in res.stdout and "(loss " in res.stdout
@@ -333,6 +336,29 @@ def test_variant_section_pairs_the_variant_with_the_default_over_seeds():
     # losses 1 and 3 points (default), 4 and 4 (variant): Δ = [3, 1], mean 2, SE 1
     assert "| 2.00 | 4.00 | +2.00 ± 1.00 (n = 2) |" in loss
     assert not any("replacement" in x for x in lines)          # no such rows in these runs
+
+
+def test_more_seeds_section_pools_the_seeds_of_both_runs_job_by_job():
+    mr = _make_results()
+    so, agg = ("source-only", "logreg"), ("DeFed aggregation", "auto")
+
+    def jobs(seeds, targets, full, last):
+        res = [_job("main", t, s, {so: 0.5, agg: full(s)}) for s in seeds for t in targets]
+        return res + [_job("missing", "a", s, {agg: last(s)}, missing=0.45) for s in seeds]
+
+    data = {"digits": jobs((0, 1), ("a", "b"), lambda s: 0.6, lambda s: 0.55)}
+    # seeds 2-4 of target a only, and seed 0 again with other numbers: data's copy is kept
+    extra = {"digits": jobs((2, 3, 4), ("a",), lambda s: 0.6, lambda s: 0.59)
+             + jobs((0,), ("a",), lambda s: 0.9, lambda s: 0.1)}
+    lines = mr.more_seeds_section(data, extra)
+    assert lines[0] == "## Precision check: the targets on more seeds"
+    assert "main jobs: seeds 0–4; missing-class study: seeds 0–4" in lines[2]
+    goal = next(x for x in lines if "≥ source-only + 3.0" in x)
+    assert "| +7.00 ± 0.00 (n = 2) | met |" in goal      # seeds 2-4 lack target b
+    # losses 5, 5, 1, 1, 1 points over seeds 0-4: mean 2.6, SE 0.98
+    loss = [x for x in lines if "missing classes" in x and "(auto)" in x]
+    assert len(loss) == 2 and all("loss +2.60 | +0.40 ± 0.98 (n = 5) | met |" in x for x in loss)
+    assert not any("consensus" in x or "whole reproduction" in x for x in lines)
 
 
 def test_goal_table_checks_consensus_also_without_a_missing_class_study():
