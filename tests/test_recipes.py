@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import make_features
@@ -210,6 +211,36 @@ def test_run_lodo_fits_source_only_once_per_target_for_every_seed(mydata):
     _, rec = source_only_classifier([(X.astype(float), y) for X, y in rows])
     assert first[1] == rec and rec["cv"] == "leave-one-source-domain-out"
     assert run_lodo.source_only_fit(str(mydata), 0, ("a", "b"), "a") is None  # one source: k-fold
+
+
+def test_job_data_maps_the_sources_only_when_the_study_aligns(mydata, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(DADIL))
+    try:
+        import run_lodo
+    finally:
+        sys.path.remove(str(DADIL))
+
+    def study(align):
+        return run_lodo.parse_study(run_lodo.parser(), [
+            "--features", str(mydata), "--domains", "a,b,c", "--out", str(tmp_path / align),
+            "--align-to-target", align])
+
+    on, off = study("on"), study("off")
+    data = run_lodo.load_all(on)
+    X, y, (tr, te, dropped), sources, src, rec = run_lodo.job_data(on, data, "a", 0, 0.0, 3)
+    assert sources == ["b", "c"] and rec is not None and not dropped
+    assert len(set(tr) | set(te)) == len(tr) + len(te) == len(y)
+    for d in sources:   # moved onto the target's Gaussian; the labels as they were
+        np.testing.assert_array_equal(src[d][1], data[d][1])
+        assert not np.allclose(src[d][0], data[d][0])
+    *_, raw, none = run_lodo.job_data(off, data, "a", 0, 0.0, 3)
+    assert none is None and all(raw[d][0] is data[d][0] for d in sources)
+    # the tuning scripts' view is the aligned job's, split for split
+    X2, y2, split2, sources2, src2 = run_lodo.aligned_job_data(on, "a", 0, 0.0, 3)
+    np.testing.assert_array_equal(split2[0], tr)
+    assert all(np.array_equal(src2[d][0], src[d][0]) for d in sources)
 
 
 def _make_results():

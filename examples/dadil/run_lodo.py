@@ -128,16 +128,29 @@ def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
     return {d: (Xm, y) for (d, (_, y)), Xm in zip(sources.items(), mapped)}, rec
 
 
-def aligned_job_data(a, T: str, seed: int, m: float, C: int) -> tuple:
-    """What the tuning scripts (``tune_head_rule.py``, ``tune_lda_head.py``) rebuild of a job:
-    (X, y of the target, its split (adaptation, test, dropped classes), the source names, and
-    {source: (X mapped onto the target's reference, y)}) — as :func:`run_job` makes them."""
-    data = {d: load_domain(str(Path(a.features) / f"{d}.h5"), a.subsample) for d in a.domains}
+def load_all(a) -> dict:
+    """{domain: (X, y, class names)} of every domain of the study."""
+    return {d: load_domain(str(Path(a.features) / f"{d}.h5"), a.subsample) for d in a.domains}
+
+
+def job_data(a, data: dict, T: str, seed: int, m: float, C: int) -> tuple:
+    """One job's inputs: (X, y of the target, its split (adaptation, test, dropped classes), the
+    source names, {source: (X, y)} — mapped onto the target's reference when :func:`aligned` —
+    and the label-shift record of that mapping, or None)."""
     X, y, _ = data[T]
     split = split_target(y, C, seed, m)
     sources = [d for d in a.domains if d != T]
-    src, _ = align_to_target({d: data[d][:2] for d in sources}, X[split[0]], C)
-    return X, y, split, sources, src
+    raw = {d: data[d][:2] for d in sources}
+    if not aligned(a):
+        return X, y, split, sources, raw, None
+    src, label_shift = align_to_target(raw, X[split[0]], C)
+    return X, y, split, sources, src, label_shift
+
+
+def aligned_job_data(a, T: str, seed: int, m: float, C: int) -> tuple:
+    """What the tuning scripts (``tune_head_rule.py``, ``tune_lda_head.py``) rebuild of a job,
+    as :func:`run_job` makes it: :func:`job_data` without the label-shift record."""
+    return job_data(a, load_all(a), T, seed, m, C)[:5]
 
 
 def aligned(a) -> bool:
@@ -157,21 +170,16 @@ def run_job(a, job):
     started = time.time()
     T, seed, m, kind = job["target"], job["seed"], job["missing"], job["kind"]
     out = Path(a.out)
-    feats = Path(a.features)
-    data = {d: load_domain(str(feats / f"{d}.h5"), a.subsample) for d in a.domains}
+    data = load_all(a)
     names = data[a.domains[0]][2]
     C = len(names) or int(max(v[1].max() for v in data.values())) + 1
     gdir = out / "gmms" / f"s{seed}"
     gdir.mkdir(parents=True, exist_ok=True)
-    X, y, _ = data[T]
-    tr, te, dropped = split_target(y, C, seed, m)
     tag = f"m{int(round(100 * m)):02d}"
-    sources = [d for d in a.domains if d != T]
-    raw = {d: data[d][:2] for d in sources}
-    if aligned(a):  # the sources moved onto the target's Gaussian (its adaptation rows)
-        (src, label_shift), gname = align_to_target(raw, X[tr], C), f"{{}}.to_{T}_{tag}.labeled.gmm.npz"
-    else:
-        src, gname, label_shift = raw, "{}.labeled.gmm.npz", None
+    # the sources moved onto the target's Gaussian (its adaptation rows) when aligned(a)
+    X, y, (tr, te, dropped), sources, src, label_shift = job_data(a, data, T, seed, m, C)
+    gname = f"{{}}.to_{T}_{tag}.labeled.gmm.npz" if aligned(a) else "{}.labeled.gmm.npz"
+    raw = {d: data[d][:2] for d in sources}     # as they are: source-only and the peers
     src_gmm = {d: _gmm(gdir / gname.format(d), *src[d], a, C, seed, names) for d in sources}
     tgt_path = gdir / f"{T}.target_{tag}.gmm.npz"
     tgt = _gmm(tgt_path, X[tr], None, a, C, seed, names)
