@@ -231,12 +231,17 @@ def _verdict(margin: float, se: float) -> str:
     return f"**not met** ({'within' if np.isfinite(se) and -margin <= se else 'beyond'} one SE)"
 
 
-def goals_table(data: dict, timing: dict, consensus: bool = True) -> str:
+#: The row groups of :func:`goals_table`.
+GOAL_PARTS = ("accuracy", "missing", "consensus")
+
+
+def goals_table(data: dict, timing: dict, parts=GOAL_PARTS) -> str:
     """The issue's targets, each with its margin (≥ 0: met) and the paired standard error over
-    seeds, generated from the runs (``consensus``: with the consensus rows)."""
+    seeds, generated from the runs: the row groups in ``parts`` (:data:`GOAL_PARTS`), and the
+    whole run's time when ``timing`` has it."""
     lines = ["| benchmark | target | row | value | margin (points) ± SE over seeds | verdict |",
              "|---|---|---|---|---|---|"]
-    for ds, goals in GOALS.items():
+    for ds, goals in GOALS.items() if "accuracy" in parts else ():
         res = data.get(ds)
         if not res:
             continue
@@ -260,7 +265,7 @@ def goals_table(data: dict, timing: dict, consensus: bool = True) -> str:
                              f"{100 * np.mean(list(mine.values())):.2f} | {m:+.2f} ± {se:.2f} "
                              f"(n = {n}) | {_verdict(m, se)} |")
     for ds, res in data.items():
-        for strat in ("DeFed replacement", "DeFed aggregation"):
+        for strat in ("DeFed replacement", "DeFed aggregation") if "missing" in parts else ():
             for head in (HEAD, "lda"):
                 per_seed, frac, mt = missing_loss(res, strat, head)
                 if not per_seed:
@@ -271,7 +276,7 @@ def goals_table(data: dict, timing: dict, consensus: bool = True) -> str:
                              f"≤ {MISSING_LOSS_MAX:g} ({', '.join(mt)}) | {strat} ({head}) | "
                              f"loss {loss:+.2f} | {m:+.2f} ± {se:.2f} (n = {n}) | "
                              f"{_verdict(m, se)} |")
-        for r in res if consensus else ():
+        for r in res if "consensus" in parts else ():
             for strat, c in (r.get("consensus") or {}).items():
                 ratio = c["max"][-1] / c["max"][0]
                 lim = CONSENSUS_MAX.get(strat)
@@ -525,13 +530,10 @@ def more_seeds_section(data: dict, extra: dict) -> list:
              "changes no setting, and the table above (the protocol: 5 seeds, the missing-class "
              "study 3) stays the verdict. A row is reported on the seeds where every target of "
              "the benchmark has it (n); the peers were run on every added seed of Amazon review "
-             "only.", "", goals_table(both, {}, consensus=False), ""]
+             "only.", "", goals_table(both, {}, ("accuracy", "missing")), ""]
     if len(first) > 3:
         lines += [f"The missing-class rows on seeds {_span(first)} (the issue's 5 seeds):", "",
-                  "\n".join(l for l in goals_table(only_seeds(both, first), {},
-                                                   consensus=False).splitlines()
-                            if l.startswith("|---") or l.startswith("| benchmark")
-                            or "missing classes" in l), ""]
+                  goals_table(only_seeds(both, first), {}, ("missing",)), ""]
     return lines
 
 
@@ -553,8 +555,9 @@ def main():
                     help="a second run of the same jobs on other seeds: the targets table again "
                          "on the seeds of both (a precision check)")
     a = ap.parse_args()
-    runs = [a.runs] + ([a.more_seeds] if a.more_seeds else [])
-    runs += [Path(spec.rpartition("=")[2]) for spec in a.variant]
+    variants = [(label, Path(path)) for label, _, path in   # the label may hold "="
+                (spec.rpartition("=") for spec in a.variant)]
+    runs = [a.runs] + ([a.more_seeds] if a.more_seeds else []) + [p for _, p in variants]
     for p in runs:
         if not p.is_dir():
             ap.error(f"no runs folder at {p}")
@@ -781,9 +784,8 @@ def main():
         md.append("")
     if a.more_seeds is not None:
         md += more_seeds_section(data, load(a.more_seeds))
-    for spec in a.variant:
-        label, _, path = spec.rpartition("=")   # the label may hold "="
-        md += variant_section(data, label, load(Path(path)))
+    for label, path in variants:
+        md += variant_section(data, label, load(path))
     png = plot_consensus(data, a.out / "consensus.png")
     if png:
         md += ["## Consensus", "", "![consensus](consensus.png)", "",

@@ -136,12 +136,12 @@ def shift_messages(messages: list, target: dict, pooled: bool) -> list:
 def weighted_messages(messages: list, X, y_hat, C: int, ridge: float, to: str) -> list:
     """The sources' messages × w_k, w_k ∝ agreement of source k's LDA with y_hat (``weighted``)."""
     from fedalign.dadil.target_head import lda_from_statistics
+    from fedalign.heads.fedcgs import MESSAGE_KEYS
 
     a = np.array([np.mean(lda_from_statistics([m], C, ridge, to).predict(X) == y_hat)
                   for m in messages])
     w = len(a) * a / max(a.sum(), 1e-300)
-    return [{k: wk * np.asarray(m[k], np.float64) for k in ("class_counts", "class_sums",
-                                                          "sum_x", "sum_xx")}
+    return [{k: wk * np.asarray(m[k], np.float64) for k in MESSAGE_KEYS}
             for wk, m in zip(w, messages)]
 
 
@@ -155,26 +155,28 @@ def variant_heads(rows, B, X, y_true) -> dict:
 
     C, (ridge, to) = rows.n_classes, rows.shrinkage
     P = predict_proba(B, X)
+    y_hat = P.argmax(1)
+    mine = {"hard": class_statistics(X, y_hat, C), "true": class_statistics(X, y_true, C)}
     Qp, _ = em_priors(P, np.asarray(B.weights) @ np.asarray(B.labels))
-    P0 = softmax(lda_from_statistics(rows.messages, C, ridge, to).scores(X), axis=1)
+    sources = lda_from_statistics(rows.messages, C, ridge, to)     # no target row
+    P0 = softmax(sources.scores(X), axis=1)
     stats = {"soft": soft_statistics(X, P), "prior": class_statistics(X, Qp.argmax(1), C),
              "soft+prior": soft_statistics(X, Qp),
              "poe": class_statistics(X, (np.log(P + 1e-300) + np.log(P0 + 1e-300)).argmax(1), C),
-             "true": class_statistics(X, y_true, C),
+             "true": mine["true"],
              "src-labels": class_statistics(X, P0.argmax(1), C)}
     heads = {k: lda_from_statistics(rows.messages + [m], C, ridge, to) for k, m in stats.items()}
-    heads["sources"] = lda_from_statistics(rows.messages, C, ridge, to)
-    for name, y in (("weighted", P.argmax(1)), ("true+weighted", y_true)):
-        heads[name] = lda_from_statistics(
-            weighted_messages(rows.messages, X, P.argmax(1), C, ridge, to)
-            + [class_statistics(X, y, C)], C, ridge, to)
-    for name, y, pooled in (("shift", P.argmax(1), False), ("shift-pooled", P.argmax(1), True),
-                            ("true+shift", y_true, False)):
-        mine = class_statistics(X, y, C)
-        heads[name] = lda_from_statistics(shift_messages(rows.messages, mine, pooled) + [mine],
+    heads["sources"] = sources
+    weighted = weighted_messages(rows.messages, X, y_hat, C, ridge, to)   # weights from y_hat
+    for name, labels in (("weighted", "hard"), ("true+weighted", "true")):
+        heads[name] = lda_from_statistics(weighted + [mine[labels]], C, ridge, to)
+    for name, labels, pooled in (("shift", "hard", False), ("shift-pooled", "hard", True),
+                                 ("true+shift", "true", False)):
+        t = mine[labels]
+        heads[name] = lda_from_statistics(shift_messages(rows.messages, t, pooled) + [t],
                                           C, ridge, to)
     for name, it in (("hard", 0), ("cem1", 1), ("cem", 10)):
-        heads[name] = cem_lda(rows.messages, X, P.argmax(1), C, ridge, to, max_iter=it).head
+        heads[name] = cem_lda(rows.messages, X, y_hat, C, ridge, to, max_iter=it).head
     return heads
 
 
