@@ -237,7 +237,8 @@ def reference_from_messages(target_features, messages: list) -> tuple:
                                np.asarray(X, np.float64), C)
 
 
-def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
+def onto_target(sources: list, X_target: np.ndarray, n_classes: int,
+                shrinkage="auto") -> tuple:
     """Every source's rows mapped onto the target's completed Gaussian at τ = 1 (SLOT toward
     the target, the first half of the ``fedalign`` DaDiL pipeline), in memory.
 
@@ -253,6 +254,11 @@ def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
         Gaussian and its map those of all its rows
     X_target : (n_T, d) the target's unlabeled rows
     n_classes : C
+    shrinkage : covariance shrinkage of the target's and every source's Gaussian
+        (:func:`fedalign.stats.gaussian_from_moments`): "auto" (Ledoit–Wolf, the default and
+        the ``fedalign`` preset's) or s in [0, 1]; s = 1 makes each map one scale and a shift
+        when nothing is absent (tried for the whole DaDiL pipeline at stop 42 and not adopted:
+        examples/dadil/RESULTS.md)
 
     Returns
     -------
@@ -271,7 +277,7 @@ def onto_target(sources: list, X_target: np.ndarray, n_classes: int) -> tuple:
     if not msgs:
         raise FedalignError("no source has a labeled row: no class statistics to estimate "
                             "the target's classes from")
-    ref, rec = completed_reference(gaussian_stats(X_target), msgs, X_target, n_classes)
-    maps = client_maps([gaussian_stats(X) for X, _ in sources], ref,
+    ref, rec = completed_reference(gaussian_stats(X_target, shrinkage), msgs, X_target, n_classes)
+    maps = client_maps([gaussian_stats(X, shrinkage) for X, _ in sources], ref,
                        domains=[f"source {k}" for k in range(len(sources))])
     return [apply_map(X, m, 1.0).astype(np.float64) for (X, _), m in zip(sources, maps)], rec

@@ -115,3 +115,26 @@ def test_the_map_onto_the_completed_reference_puts_the_missing_class_where_it_is
         errs.append(np.linalg.norm((X_s[y_s == 2] @ A.T + b).mean(0) - (MEANS[2] + delta)))
     plain, completed = errs
     assert completed < 0.5 < 1.5 < plain
+
+
+def test_onto_target_shrinkage_one_maps_each_source_by_one_scale_and_a_shift():
+    """Shrinkage s = 1 makes every Gaussian tr(Σ̂)/d · I, so with nothing absent each source's
+    map is x ↦ μ_T + (tr Σ̂_T / tr Σ̂_k)^{1/2} (x − μ_k); the default stays Ledoit–Wolf."""
+    from fedalign.label_shift import onto_target
+
+    rng = np.random.default_rng(5)
+    srcs = _sources(rng)
+    X_t = _rows(rng, [100, 100, 100], shift=np.array([1.0, -2.0, 0.5]))[0] * 1.7
+    mapped, rec = onto_target(srcs, X_t, 3, shrinkage=1.0)
+    assert rec["absent"] == []
+
+    def tr(X):
+        return np.trace(np.cov(X.T, bias=True))
+
+    for (X, _), Xm in zip(srcs, mapped):
+        expected = X_t.mean(0) + np.sqrt(tr(X_t) / tr(X)) * (X - X.mean(0))
+        np.testing.assert_allclose(Xm, expected, rtol=1e-6, atol=1e-6 * np.abs(X_t).max())
+    default, _ = onto_target(srcs, X_t, 3)
+    lw, _ = onto_target(srcs, X_t, 3, shrinkage="auto")
+    assert all(np.array_equal(a, b) for a, b in zip(default, lw))
+    assert not np.allclose(default[0], mapped[0])

@@ -237,6 +237,18 @@ def test_job_data_maps_the_sources_only_when_the_study_aligns(mydata, tmp_path):
         assert not np.allclose(src[d][0], data[d][0])
     *_, raw, none = run_lodo.job_data(off, data, "a", 0, 0.0, 3)
     assert none is None and all(raw[d][0] is data[d][0] for d in sources)
+    # --map-shrinkage reaches the map (stop 42's tried variant); a bad value is one usage error
+    iso = run_lodo.parse_study(run_lodo.parser(), [
+        "--features", str(mydata), "--domains", "a,b,c", "--out", str(tmp_path / "iso"),
+        "--align-to-target", "on", "--map-shrinkage", "1"])
+    assert on.map_shrinkage == "auto" and iso.map_shrinkage == 1.0
+    *_, src_iso, _ = run_lodo.job_data(iso, data, "a", 0, 0.0, 3)
+    assert not np.allclose(src_iso["b"][0], src["b"][0])
+    with pytest.raises(SystemExit) as bad:
+        run_lodo.parse_study(run_lodo.parser(), ["--features", str(mydata), "--domains", "a,b",
+                                                 "--out", str(tmp_path / "x"),
+                                                 "--map-shrinkage", "2"])
+    assert bad.value.code == 2
     # the tuning scripts' view is the aligned job's, split for split
     X2, y2, split2, sources2, src2 = run_lodo.aligned_job_data(on, "a", 0, 0.0, 3)
     np.testing.assert_array_equal(split2[0], tr)
@@ -339,8 +351,8 @@ def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_pa
     for j in jobs:
         for acc in j["acc"].values():
             assert set(acc) == {"hard", "soft", "prior", "soft+prior", "poe", "cem1", "cem",
-                                "shift", "shift-pooled", "weighted", "true", "true+shift",
-                                "true+weighted", "sources",
+                                "shift", "shift-pooled", "weighted", "iso", "true", "true+shift",
+                                "true+weighted", "true+iso", "sources", "iso-sources",
                                 "src-labels"}
             assert all(0.0 <= v <= 1.0 for v in acc.values())
     # the library's head is hard (the script asserts it against the job's own lda row)

@@ -115,7 +115,7 @@ def _gmm(path: Path, X, y, a, C, seed, names):
     return load_gmm(path)
 
 
-def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
+def align_to_target(sources: dict, X_target, n_classes: int, shrinkage="auto") -> tuple:
     """({domain: (X mapped onto the target's reference, y)}, label-shift record).
 
     The reference: the target's mean and Ledoit–Wolf covariance, completed by the classes its
@@ -124,7 +124,7 @@ def align_to_target(sources: dict, X_target, n_classes: int) -> tuple:
     at τ = 1 (what ``stats --per-class``, ``target-reference`` and ``align --tau 1`` do)."""
     from fedalign.label_shift import onto_target
 
-    mapped, rec = onto_target(list(sources.values()), X_target, n_classes)
+    mapped, rec = onto_target(list(sources.values()), X_target, n_classes, shrinkage)
     return {d: (Xm, y) for (d, (_, y)), Xm in zip(sources.items(), mapped)}, rec
 
 
@@ -143,7 +143,7 @@ def job_data(a, data: dict, T: str, seed: int, m: float, C: int) -> tuple:
     raw = {d: data[d][:2] for d in sources}
     if not aligned(a):
         return X, y, split, sources, raw, None
-    src, label_shift = align_to_target(raw, X[split[0]], C)
+    src, label_shift = align_to_target(raw, X[split[0]], C, a.map_shrinkage)
     return X, y, split, sources, src, label_shift
 
 
@@ -333,6 +333,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--align-to-target", default="auto", choices=("auto", "on", "off"),
                     help="map the sources onto the target's Gaussian first (auto: with the "
                          "fedalign preset)")
+    ap.add_argument("--map-shrinkage", default="auto",
+                    help="covariance shrinkage of the Gaussians of the map onto the target's "
+                         "(auto: Ledoit-Wolf; or a value in [0, 1])")
     ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                     help="the shallow DA peers of fedalign.peers in every main job (needs skada)")
     ap.add_argument("--heads", default="", help="heads of the GMM rows (default: linear,map,lda)")
@@ -368,6 +371,14 @@ def parse_study(ap, argv):
                if not (Path(a.features) / f"{d}.h5").is_file()]
     if missing:
         ap.error("missing features file(s): " + ", ".join(missing))
+    from fedalign.grammar import parse_shrinkage
+
+    from fedalign.errors import FedalignError
+
+    try:
+        a.map_shrinkage = parse_shrinkage(a.map_shrinkage, "--map-shrinkage")
+    except FedalignError as e:
+        ap.error(str(e))
     if a.cem_iter < 0:
         ap.error(f"--cem-iter must be >= 0, got {a.cem_iter}")
     return a
