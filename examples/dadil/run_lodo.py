@@ -121,7 +121,9 @@ def align_to_target(sources: dict, X_target, n_classes: int, shrinkage="auto") -
     The reference: the target's mean and Ledoit–Wolf covariance, completed by the classes its
     rows lack (:func:`fedalign.label_shift.onto_target`: Saerens' EM on an LDA of the
     sources' class statistics; unchanged when no class looks absent); each source's own map
-    at τ = 1 (what ``stats --per-class``, ``target-reference`` and ``align --tau 1`` do)."""
+    at τ = 1 (what ``stats --per-class``, ``target-reference`` and ``align --tau 1`` do).
+    ``shrinkage`` other than "auto" (``--map-shrinkage``, stop 42's tried variant) replaces
+    Ledoit–Wolf in the target's and every source's Gaussian."""
     from fedalign.label_shift import onto_target
 
     mapped, rec = onto_target(list(sources.values()), X_target, n_classes, shrinkage)
@@ -371,9 +373,8 @@ def parse_study(ap, argv):
                if not (Path(a.features) / f"{d}.h5").is_file()]
     if missing:
         ap.error("missing features file(s): " + ", ".join(missing))
-    from fedalign.grammar import parse_shrinkage
-
     from fedalign.errors import FedalignError
+    from fedalign.grammar import parse_shrinkage
 
     try:
         a.map_shrinkage = parse_shrinkage(a.map_shrinkage, "--map-shrinkage")
