@@ -18,6 +18,26 @@ from fedalign.errors import FedalignError
 #: Most seeds one range may give (each seed is a whole run of the methods).
 MAX_SEEDS = 10_000
 
+#: Largest and smallest nonzero magnitude of a number option: the magnitude files may hold
+#: (:data:`fedalign.files.MAX_MAGNITUDE`), whose square is still a float64, and its inverse.
+#: ``--clip 1e308`` (its square overflowed), ``--var-floor-rel 1e308`` (a floor of inf reached
+#: scikit-learn), ``--dp-epsilon 1e308``, ``--clip 1e-300`` (σ = 0) and ``fedpft.lr=1e308`` (a
+#: head of NaN weights, reported as a result) ended in tracebacks or nonsense.
+OPTION_MAX_MAGNITUDE = 1e150
+OPTION_MIN_MAGNITUDE = 1e-150
+
+
+def check_number(value: float, flag: str) -> None:
+    """A float option's value must be finite, and 0 or of a magnitude in
+    [:data:`OPTION_MIN_MAGNITUDE`, :data:`OPTION_MAX_MAGNITUDE`]: no option of fedalign gives
+    infinity, or a value beyond those, a meaning (the command line's options,
+    ``fedalign.cli.runtime.check_finite``; the heads' ``METHOD.KEY=VALUE``)."""
+    if not math.isfinite(value):
+        raise FedalignError(f"{flag} must be a finite number, got {value}")
+    if value != 0.0 and not OPTION_MIN_MAGNITUDE <= abs(value) <= OPTION_MAX_MAGNITUDE:
+        raise FedalignError(f"{flag} must be 0 or of a magnitude in [{OPTION_MIN_MAGNITUDE:g}, "
+                            f"{OPTION_MAX_MAGNITUDE:g}], got {value:g}")
+
 
 def parse_seeds(values, flag: str = "--seeds") -> list:
     """``["0,1,2"]``, ``["0-4"]``, ``["0 3"]`` or ``["0", "1"]`` → sorted unique ints (commas or

@@ -109,7 +109,7 @@ def reconstruction_cmd(
     elif "alpha" in source:
         a = source["alpha"]
     else:
-        raise FedalignError(f"{atoms} is an atoms file: give the target's --alpha")
+        raise FedalignError(f"{source['path']} is an atoms file: give the target's --alpha")
     X, y, info = read_features(features)
     names = info["class_names"]
     Xr, yr = check_test(dic, X, y, names, where=str(features))

@@ -5,11 +5,12 @@ one ``error:`` line, signals honoured.
 applies it to every subcommand):
 
 - the outputs are checked before any work (:func:`guard_outputs`), and every number option
-  must be finite (:func:`check_finite`);
+  must be finite and of a sane magnitude (:func:`check_finite`);
 - everything the command writes through :func:`fedalign.files.atomic_output` is one
   transaction: renamed into place together when the command returns, removed on failure;
-- :class:`~fedalign.errors.FedalignError` and OS errors (permissions, full disk, HDF5) → one
-  ``error:`` line and exit code 2; SIGINT → 130, SIGTERM → 143 (:mod:`fedalign.interrupt`),
+- :class:`~fedalign.errors.FedalignError`, OS errors (permissions, full disk, HDF5) and
+  running out of memory (an option that asks for billions of atoms) → one ``error:`` line
+  and exit code 2; SIGINT → 130, SIGTERM → 143 (:mod:`fedalign.interrupt`),
   with no output and no temporary file left. Other exceptions are bugs and keep their
   traceback.
 
@@ -21,6 +22,7 @@ the command's flag for it (:func:`error_message`), and while the command runs th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from pathlib import Path
@@ -133,21 +135,41 @@ def guard_outputs(inputs=(), files=(), folders=(), allow=()) -> None:
 
 def check_finite(kwargs: dict, flags: dict) -> None:
     """No number option may be infinite or NaN (``--tol inf`` reached scikit-learn, ``--lr
-    inf`` wrote a state whose next round was refused): a float option's value, or any of a
-    list option's, must be finite. No option of fedalign gives infinity a meaning. (Ranges,
-    such as ``--seed`` ≥ 0, are declared with the options and checked by the parser.)"""
-    import math
+    inf`` wrote a state whose next round was refused), nor so large or so small that its
+    square leaves float64 (``--clip 1e308``, ``--dp-epsilon 1e-300``): a float option's value,
+    or any of a list option's, must be 0 or of a magnitude in [1e-150, 1e150]. No option of
+    fedalign gives infinity, or a value beyond those, a meaning. (Ranges, such as ``--seed``
+    ≥ 0, are declared with the options and checked by the parser.)"""
+    from fedalign.grammar import check_number
 
     for name, value in kwargs.items():
         flag = flags.get(name, "--" + name.replace("_", "-"))
         for v in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise FedalignError(f"{flag} must be a finite number, got {v}")
+            if isinstance(v, float):
+                check_number(v, flag)
 
 
 # --------------------------------------------------------------------------------------------
 # The wrapper
 # --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held_warnings():
+    """Hold the warnings a command's libraries emit (numpy's ``RuntimeWarning: overflow``,
+    scikit-learn's) until it ends: shown as before when it succeeds (or fails with a bug's
+    traceback), dropped when the caller clears the list because the command failed on bad
+    input — whose report is one ``error:`` line, not the warnings on the way to it."""
+    import warnings
+
+    held: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            held = caught
+            yield held
+    finally:
+        for w in held:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
 
 
 def guarded(fn, outputs=(), folders=()):
@@ -166,7 +188,7 @@ def guarded(fn, outputs=(), folders=()):
         from fedalign import interrupt
         from fedalign.files import atomic_outputs
 
-        with interrupt.handlers(), spelling(speller):
+        with interrupt.handlers(), spelling(speller), held_warnings() as held:
             try:
                 check_finite(kw, flags)
                 with atomic_outputs():
@@ -176,10 +198,17 @@ def guarded(fn, outputs=(), folders=()):
                 interrupt.check()
                 return rv
             except FedalignError as e:
+                held.clear()
                 fail(error_message(e, flags))
             except KeyboardInterrupt as e:
+                held.clear()
                 fail(f"interrupted ({interrupt.signal_name(e)})", interrupt.exit_code(e))
             except OSError as e:
+                held.clear()
                 fail(os_error_message(e))
+            except MemoryError:
+                held.clear()
+                fail("out of memory: the inputs or an option (a count, a size) ask for more "
+                     "memory than this machine has; give smaller values")
 
     return wrapper

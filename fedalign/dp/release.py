@@ -84,6 +84,17 @@ class DPSpec:
                       self.mechanism)
 
 
+#: Range of the clip norm C: the release's moments hold (C/μ)⁴ (the variance of Σxxᵀ's
+#: noise, squared), which must stay a float64 (``--clip 1e150`` overflowed, ``--clip 1e-300``
+#: gave σ = 0 and a division by zero).
+MIN_CLIP, MAX_CLIP = 1e-30, 1e30
+#: Range of the budget's GDP μ (the noise σ is the sensitivity over μ): ``--dp-epsilon 1e308``
+#: (a TypeError), ``1e-150`` with ``--dp-delta 1e-150`` (an overflow) or ``--dp-mechanism
+#: zcdp`` (σ = inf, a division by zero) ended in tracebacks. μ < 1e-12 is a release of pure
+#: noise, μ > 1e12 one without any.
+MIN_MU, MAX_MU = 1e-12, 1e12
+
+
 def make_spec(epsilon, delta, clip, mechanism="analytic", names=None) -> DPSpec:
     """A validated :class:`DPSpec`; ``names`` maps epsilon/delta/clip/mechanism to the names
     the caller's user typed (``--dp-epsilon``, ``fedcgs.dp_epsilon``) for the error lines."""
@@ -103,10 +114,23 @@ def make_spec(epsilon, delta, clip, mechanism="analytic", names=None) -> DPSpec:
     if not c > 0 or math.isinf(c):
         raise FedalignError(f"{nm['clip']} (the L2 norm rows are clipped to) must be a positive "
                             f"finite number, got {clip}")
+    if not MIN_CLIP <= c <= MAX_CLIP:
+        raise FedalignError(f"{nm['clip']} (the L2 norm rows are clipped to) must be in "
+                            f"[{MIN_CLIP:g}, {MAX_CLIP:g}] (the noise's moments hold its "
+                            f"fourth power), got {clip}")
     mech = str(mechanism).strip().lower()
     if mech not in MECHANISMS:
         raise FedalignError(f"{nm['mechanism']} must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    return DPSpec(eps, dlt, c, mech)
+    spec = DPSpec(eps, dlt, c, mech)
+    try:
+        mu = spec.mu()
+    except (ArithmeticError, ValueError):
+        mu = math.nan
+    if not MIN_MU <= mu <= MAX_MU:
+        raise FedalignError(f"{nm['epsilon']} {epsilon:g} at {nm['delta']} {delta:g} calibrates "
+                            f"a noise multiplier μ = {mu:.3g}, outside [{MIN_MU:g}, {MAX_MU:g}] "
+                            "(a release of pure noise, or none): give an ε nearer 1")
+    return spec
 
 
 def config_spec(cfg, head: str) -> DPSpec | None:

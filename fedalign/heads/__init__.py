@@ -145,6 +145,7 @@ def make_config(cls, params: dict, name: str = ""):
             )
         default = fields[key].default
         kw[key] = _convert(value, default, f"{name or cls.__module__}.{key}")
+        _check_finite(kw[key], default, f"{name or cls.__module__}.{key}")
         _check_bounds(kw[key], key, f"{name or cls.__module__}.{key}")
     cfg = cls(**kw)
     if hasattr(cfg, "validate"):
@@ -160,6 +161,16 @@ OPTION_BOUNDS = {
     "min_per_component": (0, True), "lam": (0, False), "ridge": (0, True), "min_steps": (0, True),
     "rounds": (1, True), "gmm_tol": (0, False),
 }
+
+
+def _check_finite(value, default, label):
+    """A float option follows :func:`fedalign.grammar.check_number` (finite; 0 or a magnitude
+    in [1e-150, 1e150]: ``fedpft.lr=1e308`` trained a head of NaN weights and reported its
+    accuracy) — unless it is the option's own default (``dp_epsilon=inf``: no DP)."""
+    from fedalign.grammar import check_number
+
+    if isinstance(value, float) and value != default:
+        check_number(value, label)
 
 
 def _check_bounds(value, key, label):
