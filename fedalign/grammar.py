@@ -115,7 +115,9 @@ def parse_shrinkage(text, flag: str = "--shrinkage"):
 
 def parse_alpha(text, flag: str = "--alpha") -> float | None:
     """Dirichlet α of a partition: ``none`` (or ``inf``) → None (domain shift only), else a
-    positive number."""
+    positive number of a magnitude in [:data:`OPTION_MIN_MAGNITUDE`,
+    :data:`OPTION_MAX_MAGNITUDE`], as every number option (:func:`check_number`): numpy's
+    Dirichlet sampler gives all-zero fractions for α = 1e308, which read as empty clients."""
     if text is None or str(text).strip().lower() in ("none", "inf"):
         return None
     try:
@@ -124,4 +126,8 @@ def parse_alpha(text, flag: str = "--alpha") -> float | None:
         raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}") from None
     if not a > 0 or not math.isfinite(a):
         raise FedalignError(f"{flag} must be a positive number or 'none', got {text!r}")
+    if not OPTION_MIN_MAGNITUDE <= a <= OPTION_MAX_MAGNITUDE:
+        raise FedalignError(f"{flag} must be in [{OPTION_MIN_MAGNITUDE:g}, "
+                            f"{OPTION_MAX_MAGNITUDE:g}] (or 'none': domain shift only, the "
+                            f"limit of a large α), got {text!r}")
     return a

@@ -440,7 +440,9 @@ def read_labels_file(path) -> np.ndarray:
     """Labels from their own file: ``.npy``, or text with one label per line."""
     path = Path(path)
     if not path.is_file():
-        raise FedalignError(f"{path}: no such labels file")
+        raise FedalignError(f"{path}: no such labels file" if not path.exists() else
+                            f"{path}: is a folder, not a labels file" if path.is_dir() else
+                            f"{path}: not a file (give a labels file)")
     if path.suffix.lower() == ".npy":
         return _load_npy(path, "labels")
     lines = [s.strip() for s in path.read_text(encoding="utf-8-sig").splitlines()]
@@ -481,12 +483,40 @@ def read_source(path, fmt: str | None = None, features_key=None, labels_key=None
     if not path.is_file():
         raise FedalignError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     fmt = detect_format(path, fmt)
+    _check_signature(path, fmt)
     try:
         if fmt == "csv":
             return _read_csv(path, features_key, labels_key, ids_key, class_names_key, delimiter)
         return _READERS[fmt](path, features_key, labels_key, ids_key, class_names_key)
     except _UNREADABLE as e:  # damaged files: what the format libraries raise on them
         raise FedalignError(f"{path}: not a readable {fmt} file ({_first_line(e)})") from None
+
+
+#: The file formats (:func:`fedalign.files.outputs.file_format`) each binary format's reader
+#: takes: a MATLAB v7.3 file is HDF5 after its header, a plain HDF5 file can hold the variables;
+#: an unknown start (None) is the reader's to judge (a MATLAB v4 file has no text header, an HDF5
+#: file may begin with a user block).
+_SIGNATURES = {"npz": ("npz",), "npy": ("npy",), "h5": ("hdf5", "mat", None),
+               "mat": ("mat", "hdf5", None)}
+
+
+def _check_signature(path, fmt: str) -> None:
+    """A binary format's file must start as one does: a CSV read as an .npz was refused with
+    numpy's words about pickled data, not as the text file it is."""
+    from fedalign.files.outputs import FORMAT_NAMES, file_format
+
+    if fmt not in _SIGNATURES:
+        return
+    found = file_format(path)
+    if found in _SIGNATURES[fmt]:
+        return
+    names = {"npz": ".npz", "npy": ".npy", "h5": "HDF5", "mat": "MATLAB"}
+    guess = {"npz": "npz", "npy": "npy", "hdf5": "h5", "mat": "mat"}.get(found)
+    hint = (f": give {spell('fmt', guess)}" if guess else
+            f" (a CSV? give {spell('fmt', 'csv')})" if found == "text" else "")
+    raise FedalignError(f"{path}: not a readable {names[fmt]} file: it is "
+                        f"{FORMAT_NAMES[found]}, not {'an' if fmt in ('npz', 'h5') else 'a'} "
+                        f"{names[fmt]} file{hint}")
 
 
 #: What the readers' libraries raise on a damaged or unusual file: a truncated or corrupt

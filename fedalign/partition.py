@@ -218,6 +218,11 @@ def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fract
     tests, pools = {}, {}
     for d in domains:
         tr, te = stratified_split(d.y, test_fraction, rng)
+        if len(te) == 0:  # the domain's test file would hold no rows
+            raise FedalignError(
+                f"{spell('test_fraction', f'{test_fraction:g}')} leaves the test split of domain "
+                f"{d.name} empty (round(fraction · class rows) is 0 for each of its classes, "
+                f"{len(d.y)} rows): give a larger {spell('test_fraction')}, in (0, 1)")
         tests[d.name] = te
         # class-c train pool of the domain, in a random order (the clients' slices)
         pools[d.name] = [rng.permutation(tr[d.y[tr] == c]) for c in range(C)]
@@ -226,6 +231,10 @@ def make_partition(domains, alpha: float | None = 0.1, seed: int = 0, test_fract
     redraws = 0
     while True:
         P = None if alpha is None else rng.dirichlet(np.full(K, alpha), size=C).T  # (K, C)
+        if P is not None and not np.allclose(P.sum(axis=0), 1.0):  # α = 1e308: all zeros
+            raise FedalignError(f"{spell('alpha', f'{alpha:g}')} is too extreme for numpy's "
+                                "Dirichlet sampler (its fractions do not sum to 1): give at "
+                                "most 1e150, or none (domain shift only)")
         clients = _assign(domains, pools, P, M, C)
         for name in names:
             dom, idx = clients[name]

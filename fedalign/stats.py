@@ -34,7 +34,7 @@ import numpy as np
 
 from fedalign.backend import array_bytes, get_backend
 from fedalign.defaults import CHUNK_ROWS
-from fedalign.errors import FedalignError, short_array
+from fedalign.errors import FedalignError, short_array, spell
 
 
 @dataclass
@@ -204,7 +204,7 @@ def ledoit_wolf_shrinkage(m: Moments) -> float:
     beta = (m.fourth_moment_sum() / n - delta_) / (d * n)
     delta = (delta_ - 2.0 * mu * np.trace(S) + d * mu * mu) / d
     beta = min(beta, delta)
-    return 0.0 if beta == 0 else float(beta / delta)
+    return 0.0 if beta <= 0 else float(min(beta / delta, 1.0))  # n ≤ d rounded to -8.8e-17
 
 
 def shrunk_covariance(m: Moments, shrinkage="auto") -> tuple[np.ndarray, float]:
@@ -338,7 +338,7 @@ def gaussian_from_moments(m: Moments, shrinkage="auto", source="statistics",
     if m.n < 2:
         raise FedalignError(f"{source}: need at least 2 rows to estimate a covariance, got {m.n}")
     C, s = shrunk_covariance(m, shrinkage)
-    check_definite(C, m, s, source)
+    check_definite(C, m, s, source, shrinkage)
     return GaussianStats(m.n, m.mean, C, s, m, list(class_names))
 
 
@@ -348,13 +348,11 @@ def gaussian_stats(X: np.ndarray, shrinkage="auto", source="client statistics") 
     return gaussian_from_moments(Moments(X.shape[1]).update(X), shrinkage, source)
 
 
-def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:
-    """Refuse a covariance that is not positive definite, naming why.
-
-    Shrinkage s > 0 makes Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I definite whenever one column varies
-    (constant columns are fine then); it cannot help when every column is constant
-    (tr Σ̂ = 0), and with s = 0 zero-variance columns or n ≤ d leave Σ̂ singular.
-    """
+def check_definite(C: np.ndarray, m: Moments, s: float, source, shrinkage="auto") -> None:
+    """Refuse a covariance that is not positive definite, naming why and the fix for the
+    ``shrinkage`` asked for: s > 0 makes Σ = (1 − s) Σ̂ + s (tr Σ̂/d) I definite unless every
+    column is constant (tr Σ̂ = 0); s = 0 (given, or Ledoit–Wolf's from n ≤ d rows) leaves Σ̂
+    singular with zero-variance columns or n ≤ d."""
     from fedalign.files import check_spd
 
     try:
@@ -363,8 +361,7 @@ def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:
     except FedalignError:
         pass
     var = np.diag(m.empirical_covariance())
-    scale = np.maximum(np.abs(m.mean), 1.0)
-    zero = np.flatnonzero(var <= (1e-7 * scale) ** 2)
+    zero = np.flatnonzero(var <= (1e-7 * np.maximum(np.abs(m.mean), 1.0)) ** 2)
     if len(zero) == m.d:
         raise FedalignError(
             f"{source}: the features are constant (every column has the same value in all "
@@ -373,8 +370,11 @@ def check_definite(C: np.ndarray, m: Moments, s: float, source) -> None:
     why = (f"column{'s' if len(zero) > 1 else ''} {cols} {'have' if len(zero) > 1 else 'has'} "
            "zero variance" if len(zero) else
            f"n={m.n} rows for d={m.d} dimensions" if m.n <= m.d else "it is numerically singular")
-    raise FedalignError(f"{source}: the covariance is not positive definite with shrinkage "
-                        f"s={s:.3g} ({why}); use shrinkage 'auto' or a value > 0")
+    fix = (f"Ledoit–Wolf ({spell('shrinkage', 'auto')}) finds no shrinkage in these rows: give "
+           f"{spell('shrinkage')} a value in (0, 1]" if shrinkage == "auto" else
+           f"give {spell('shrinkage', 'auto')} or a value in (0, 1]")
+    raise FedalignError(f"{source}: the covariance is not positive definite with shrinkage s={s:.3g}"
+                        f" ({why}); {fix}" + f" or at least {m.d + 1} rows" * (m.n <= m.d))
 
 
 #: Stats file layouts: ``full`` (format_version 1, the default: every matrix d × d in

@@ -83,7 +83,7 @@ def write_bad_atoms(path, A=2, K=4, d=4, C=2):
 @pytest.mark.parametrize("case, message", [
     ("classes", "classes C=3"), ("shape", "components K=6"), ("missing", "no such file"),
     ("client", "state of client c0, not c1"), ("gmm_dim", "dimension d=7"),
-    ("kind", "expected a atoms file"),
+    ("kind", "expected an atoms file"),
 ])
 def test_bad_input_exit_2_state_untouched(client0, tmp_path, case, message):
     gp, sp, other = client0

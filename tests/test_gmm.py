@@ -186,11 +186,11 @@ def test_cli_fit_gmm_labeled_unlabeled_and_errors(feature_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert load_gmm(tmp_path / "t.npz").labels is None and load_gmm(tmp_path / "t.npz").K == 6
     r = runner.invoke(app, ["fit-gmm", str(path), "-o", str(tmp_path / "x.npz"), "--class-weights", "odd"])
-    assert r.exit_code == 2 and "class weights" in r.output and not (tmp_path / "x.npz").exists()
+    assert r.exit_code == 2 and "--class-weights must be one of" in r.output and not (tmp_path / "x.npz").exists()
     r = runner.invoke(app, ["fit-gmm", str(tmp_path / "missing.h5"), "-o", str(tmp_path / "x.npz")])
     assert r.exit_code == 2 and "no such file" in r.output
     r = runner.invoke(app, ["fit-gmm", str(out), "-o", str(tmp_path / "x.npz")])   # a gmm, not features
-    assert r.exit_code == 2 and "not a readable HDF5" in r.output and not (tmp_path / "x.npz").exists()
+    assert r.exit_code == 2 and "is an .npz file (a gmm file), expected an HDF5 features file" in r.output and not (tmp_path / "x.npz").exists()
 
 
 def test_cli_fit_gmm_prior_weights_reports_k_as_c_times_k(feature_file, tmp_path):

@@ -20,7 +20,8 @@ import typer
 from fedalign import defaults
 from fedalign.cli.app import command
 from fedalign.cli.console import err, out, progress_bar
-from fedalign.cli.options import json_option, output_option, seeds_option, threads_option
+from fedalign.cli.options import (choice_option, json_option, output_option, seeds_option,
+                                  threads_option)
 from fedalign.cli.runtime import guard_outputs
 
 
@@ -63,6 +64,15 @@ INIT_OPTIONS = {
     "seed": (0, "--seed", "Federation seed; each client's initial atoms and peer choices depend on it and on the client id."),
 }
 
+#: The words of the choice options, checked by the parser (:func:`choice_option`): a tuple or
+#: the library's constant, ``"module:NAME"``.
+INIT_CHOICES = {"preset": "fedalign.defaults:DADIL_PRESETS",
+                "optimizer": "fedalign.dadil.optim:OPTIMIZERS",
+                "alpha_rule": "fedalign.dadil.optim:ALPHA_RULES"}
+
+#: The words of ``--strategy`` (dadil-round, dadil-simulate).
+STRATEGY_CHOICES = "fedalign.dadil.gossip:STRATEGIES"
+
 #: The ranges the parser checks (typer's ``min``/``max``). The open ones (``--lr``,
 #: ``--lr-alpha``, the variance floors: > 0) are the library's to check.
 INIT_RANGES = {"n_atoms": dict(min=1), "n_components": dict(min=1), "n_classes": dict(min=1),
@@ -75,6 +85,8 @@ def init_option(name: str, prefix: str = ""):
     default, flag, text = INIT_OPTIONS[name]
     if prefix:
         text = prefix + text[:1].lower() + text[1:]
+    if name in INIT_CHOICES:
+        return choice_option(default, flag, INIT_CHOICES[name], text)
     return typer.Option(default, flag, help=text, **INIT_RANGES.get(name, {}))
 
 
@@ -104,7 +116,7 @@ def dadil_round_cmd(
     init: bool = typer.Option(False, "--init", help="Start a fresh client: its own seeded atoms (fedalign preset: around its own data's per-dimension mean and spread; reference: N(0, I)), uniform labels, α uniform."),
     client: Optional[str] = typer.Option(None, "--client", help="Client id (required with --init; otherwise checked against the state)."),
     gmm: Optional[Path] = typer.Option(None, "--gmm", help="The client's GMM (from fit-gmm; required with --init, default: the one recorded in the state)."),
-    strategy: str = typer.Option("aggregation", help="replacement, aggregation or none."),
+    strategy: str = choice_option("aggregation", "--strategy", STRATEGY_CHOICES, "replacement, aggregation or none."),
     local_steps: int = typer.Option(defaults.LOCAL_STEPS, "--local-steps", "-E", min=0, help="Local optimisation steps on the client's own loss per round."),
     n_atoms: int = init_option("n_atoms", "--init: "),
     n_components: Optional[int] = init_option("n_components", "--init: "),
@@ -195,13 +207,21 @@ def consensus_cmd(
     from rich.table import Table
 
     from fedalign.dadil.consensus import consensus_history, plot_consensus
-    from fedalign.files import write_report
+    from fedalign.errors import FedalignError
+    from fedalign.files import check_distinct, write_report
 
     _threads(threads)
-    named = {}
+    specs = []
     for r in runs:
         name, eq, path = r.partition("=")
-        name, path = (name, path) if eq else (Path(r).name or r, r)
+        specs.append((name, path) if eq else (Path(r).name or r, r))
+    # one run given twice (any spelling) would be analysed twice, or merged under one name
+    check_distinct([Path(p) for _, p in specs], "run")
+    named = {}
+    for name, path in specs:
+        if name in named:
+            raise FedalignError(f"the run name {name!r} is given twice ({named[name]}, {path}): "
+                                "give each run its own NAME=PATH")
         named[name] = Path(path)
     runs_files = [f for p in named.values() for f in (sorted(p.rglob("*")) if p.is_dir() else [p])]
     guard_outputs(list(named.values()) + runs_files, [output, plot])

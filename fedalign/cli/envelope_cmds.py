@@ -10,7 +10,7 @@ import typer
 
 from fedalign.cli.app import command
 from fedalign.cli.console import err, out
-from fedalign.cli.options import json_option, seeds_option, threads_option
+from fedalign.cli.options import choice_option, json_option, seeds_option, threads_option
 
 
 def _named_paths(specs, option: str) -> dict:
@@ -58,7 +58,7 @@ def envelope_cmd(
     n_per_class: int = typer.Option(500, "--n-per-class", min=1, help="Samples per class of B(α_T) for the linear head."),
     seeds_opt: List[str] = seeds_option("Sampling seeds of the linear head: 0,1,2 or 0-4."),
     steps: int = typer.Option(100, "--steps", min=1, help="Steps of the α fit (fedalign.dadil.dictionary.fit_alpha)."),
-    rule: str = typer.Option("projected", "--rule", help="α update rule of fedalign.dadil.dictionary.fit_alpha: projected (gradient step + projection onto the simplex, as in the paper), newton or eg."),
+    rule: str = choice_option("projected", "--rule", "fedalign.dadil.optim:ALPHA_RULES", "α update rule of fedalign.dadil.dictionary.fit_alpha: projected (gradient step + projection onto the simplex, as in the paper), newton or eg."),
     tol: float = typer.Option(1e-9, "--tol", min=0.0, help="Stop the α fit when α changes by less than this."),
     labeled: bool = typer.Option(False, "--labeled", help="Fit α on SMW2² with the target GMM's labels (oracle) instead of MW2² (as the unlabeled target would)."),
     json_out: Optional[Path] = json_option("Write the report (JSON): α, fit record, loss and accuracies per GMM."),

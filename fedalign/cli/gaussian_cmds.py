@@ -12,12 +12,13 @@ from fedalign import defaults
 
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
-from fedalign.cli.options import chunk_rows_option, output_option, parse_shrinkage, tau_option
+from fedalign.cli.options import (choice_option, chunk_rows_option, output_option, parse_shrinkage,
+                                  tau_option)
 from fedalign.cli.runtime import guard_outputs
 
 
 def _backend_option():
-    return typer.Option("numpy", help="numpy (default) or torch: where the arithmetic runs "
+    return choice_option("numpy", "--backend", "fedalign.backend:BACKENDS", "numpy (default) or torch: where the arithmetic runs "
                         "(same results, float64 moments and matrix functions).")
 
 
@@ -47,10 +48,10 @@ def stats_cmd(
     dp_epsilon: Optional[float] = typer.Option(None, "--dp-epsilon", help="Release the statistics with (ε, δ)-differential privacy (add/remove one row): rows clipped to --clip, Gaussian noise on the count, Σx and Σxxᵀ."),
     dp_delta: Optional[float] = typer.Option(None, "--dp-delta", help="δ of the DP release, in (0, 1)."),
     clip: Optional[float] = typer.Option(None, "--clip", help="L2 norm C every row is clipped to for the DP release (> 0)."),
-    dp_mechanism: str = typer.Option("analytic", "--dp-mechanism", help="analytic (Balle & Wang's exact calibration, default) or zcdp (ρ-zCDP, standard conversion to (ε, δ))."),
+    dp_mechanism: str = choice_option("analytic", "--dp-mechanism", "fedalign.dp.calibration:MECHANISMS", "analytic (Balle & Wang's exact calibration, default) or zcdp (ρ-zCDP, standard conversion to (ε, δ))."),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, max=defaults.MAX_SEED, help="Seed of the DP noise (reproducible, so not secret: for tests). Default: fresh from the OS."),
     compact: bool = typer.Option(False, "--compact", help="Store the symmetric matrices once, as their upper triangles (format_version 2: half the bytes, exact). Example: fedalign stats c3.h5 -o c3.stats.npz --compact"),
-    dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 storage of the matrices (implies --compact: a quarter of the bytes; readers compute in float64; a domain map of several clients, align --stats … --stats …, refuses float32 files)."),
+    dtype: str = choice_option("float64", "--dtype", "fedalign.files.schemas:PACKED_DTYPES", "float64 (default) or float32 storage of the matrices (implies --compact: a quarter of the bytes; readers compute in float64; a domain map of several clients, align --stats … --stats …, refuses float32 files)."),
 ):
     """Mean and Ledoit–Wolf shrunk covariance of a features file, in one streaming pass.
 
@@ -173,11 +174,11 @@ def _domain_map(stats, ref, load_stats, domain_map):
 def barycenter_cmd(
     stats: List[Path] = typer.Argument(..., help="Client stats files (.npz)."),
     output: Path = output_option("Reference file to write (.npz)."),
-    weights: str = typer.Option("samples", help="samples (w_k = n_k/N) or uniform."),
+    weights: str = choice_option("samples", "--weights", ("samples", "uniform"), "samples (w_k = n_k/N) or uniform."),
     tol: float = typer.Option(1e-10, min=0.0, help="Relative tolerance of the fixed point."),
     max_iter: int = typer.Option(100, min=1, help="Maximum fixed-point iterations."),
     strict: bool = typer.Option(False, "--strict", help="A barycenter that does not converge is an error (exit 2, nothing written)."),
-    storage: str = typer.Option("auto", help="How the server holds the clients' covariances: "
+    storage: str = choice_option("auto", "--storage", ("auto", "factored", "dense"), "How the server holds the clients' covariances: "
                                 "factored (c·I + W Wᵀ, exact, for clients with fewer rows than "
                                 "d/2: memory K·d·n instead of K·d²), dense, or auto (factored "
                                 "when K dense matrices would take over 1 GiB)."),
@@ -303,6 +304,9 @@ def align_cmd(
     with open_features(features) as ff:
         own_client, own_domain = _owner_of(features, ff.provenance)
     if map_file is not None:
+        if reference is not None:  # the map would be used, the reference silently ignored
+            raise FedalignError(f"the reference {reference} and --map {map_file} exclude each "
+                                "other (a saved map already holds its reference): give one")
         if stats:
             raise FedalignError("--map and --stats exclude each other (a saved map already holds its statistics)")
         amap = load_map(map_file)

@@ -12,7 +12,7 @@ from fedalign import defaults
 
 from fedalign.cli.app import command
 from fedalign.cli.console import err
-from fedalign.cli.options import output_option
+from fedalign.cli.options import choice_option, output_option
 
 
 @command("fit-gmm", outputs=("output",), epilog="Example: fedalign fit-gmm client3.h5 -o client3.gmm.npz "
@@ -22,7 +22,7 @@ def fit_gmm_cmd(
     output: Path = output_option("GMM file to write (.npz)."),
     components_per_class: int = typer.Option(5, "--components-per-class", "-k", min=1,
                                              help="Components per class (k); unlabeled: C·k in all."),
-    class_weights: str = typer.Option("balanced", help="balanced (each class mass 1/C) or prior (n_c/n)."),
+    class_weights: str = choice_option("balanced", "--class-weights", "fedalign.gmm:CLASS_WEIGHTS", "balanced (each class mass 1/C) or prior (n_c/n)."),
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore labels: one GMM with C·k components."),
     n_classes: Optional[int] = typer.Option(None, "--n-classes", min=1,
                                             help="C (default: the file's class names, else max label + 1)."),

@@ -10,7 +10,7 @@ import typer
 
 from fedalign.cli.app import command
 from fedalign.cli.console import err
-from fedalign.cli.options import output_option
+from fedalign.cli.options import choice_option, output_option
 
 
 @command(
@@ -33,7 +33,7 @@ def import_cmd(
     labels_file: Optional[Path] = typer.Option(None, "--labels", help="Labels from their own file (.npy, or one label per line); for a .npy the default is its sibling (X_features.npy → X_labels.npy, X.npy → y.npy)."),
     class_names: Optional[str] = typer.Option(None, "--class-names", help="Class names: a file with one name per line, or a,b,c (default: from the data, the string labels, or the label values)."),
     label_base: int = typer.Option(0, "--label-base", help="Integer labels are class indices counted from this value (1 for MATLAB's 1…C labels); -1 after the shift is unlabeled."),
-    label_values: str = typer.Option("index", "--label-values", help="index (labels are class indices) or sorted (the distinct values, sorted, become 0…K-1: for ±1 labels or sparse codes)."),
+    label_values: str = choice_option("index", "--label-values", "fedalign.importers:LABEL_VALUES", "index (labels are class indices) or sorted (the distinct values, sorted, become 0…K-1: for ±1 labels or sparse codes)."),
     unlabeled: bool = typer.Option(False, "--unlabeled", help="Ignore labels: every row is unlabeled (-1)."),
     delimiter: Optional[str] = typer.Option(None, "--delimiter", help="CSV delimiter (default: tab for .tsv, else the first of , tab ; space in the first line)."),
 ):

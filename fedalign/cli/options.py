@@ -50,6 +50,48 @@ def chunk_rows_option(help: str = "Rows per streamed chunk (memory ∝ chunk_row
     return typer.Option(defaults.CHUNK_ROWS, "--chunk-rows", min=1, help=help)
 
 
+def _choices(choices) -> tuple:
+    """The words of a choice option: a tuple (or dict: its keys), or ``"module:NAME"`` of the
+    library's constant, imported only when a value other than the default is checked (so
+    ``fedalign --help`` imports no numpy)."""
+    if isinstance(choices, str):
+        import importlib
+
+        module, _, name = choices.partition(":")
+        choices = getattr(importlib.import_module(module), name)
+    return tuple(choices)
+
+
+def check_choice(value, choices, flag: str) -> None:
+    """``value`` must be one of ``choices`` (see :func:`_choices`); None (an optional option
+    left out) passes. The one check of every choice option (:func:`choice_option`)."""
+    words = _choices(choices)
+    if value is not None and value not in words:
+        raise FedalignError(f"{flag} must be one of {', '.join(words)}, got {value!r}")
+
+
+def choice_option(default, flag: str, choices, help: str, *decls):
+    """``--flag WORD``, one of ``choices`` (a tuple, or ``"module:NAME"`` of the library's
+    constant: :func:`_choices`), checked by the parser before the command runs: a word that is
+    not a choice (``--strategy banana``) is one ``error:`` line naming the flag and its choices,
+    never silently accepted. The help text stays the command's own."""
+
+    def check(ctx: typer.Context, value):
+        if value is None or value == default or ctx.resilient_parsing:
+            return value
+        try:
+            check_choice(value, choices, flag)
+        except FedalignError as e:
+            try:  # typer ≥ 0.2x carries its own copy of click (as fedalign.cli.app)
+                from typer._click.exceptions import UsageError
+            except ImportError:  # pragma: no cover - older typer on the real click
+                from click.exceptions import UsageError
+            raise UsageError(str(e), ctx=ctx) from None
+        return value
+
+    return typer.Option(default, flag, *decls, help=help, callback=check)
+
+
 def tau_option(help: str = "Geodesic time τ ∈ [0, 1]: 0 keeps features, 1 maps fully onto the "
                            "reference."):
     """``--tau T`` ∈ [0, 1] (declared: the parser checks it), default

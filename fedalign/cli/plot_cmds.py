@@ -13,7 +13,7 @@ from fedalign import defaults
 from fedalign.cli.app import app, command
 from fedalign.cli.console import err
 from fedalign.cli.help import HelpGroup
-from fedalign.cli.options import output_option
+from fedalign.cli.options import choice_option, output_option
 
 plot_app = typer.Typer(cls=HelpGroup,
                        help="PNG pictures: feature embeddings, accuracy bars and a DaDiL "
@@ -32,7 +32,7 @@ def embedding_cmd(
     features: List[Path] = typer.Argument(..., help="Features files, one per client."),
     after: Optional[List[Path]] = typer.Option(None, "--after", help="Aligned files, same order (repeat)."),
     output: Path = output_option("PNG to write.", default=Path("embedding.png")),
-    method: str = typer.Option("pca", help="pca or tsne."),
+    method: str = choice_option("pca", "--method", ("pca", "tsne"), "pca or tsne."),
     max_points: int = typer.Option(500, min=2, help="Rows drawn per file."),
     seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Subsampling / t-SNE seed."),
 ):
@@ -78,7 +78,7 @@ def reconstruction_cmd(
     missing: Optional[str] = typer.Option(None, "--missing", help="Classes removed from the target's adaptation data, indices or names (3,7): drawn in colour, the others in grey. Default: those of the --alpha report."),
     output: Path = output_option("PNG to write.", default=Path("reconstruction.png")),
     n_per_class: int = typer.Option(200, "--n-per-class", min=1, help="Samples of B(α_T) per class."),
-    method: str = typer.Option("tsne", help="tsne (scikit-learn t-SNE, joint) or pca."),
+    method: str = choice_option("tsne", "--method", ("tsne", "pca"), "tsne (scikit-learn t-SNE, joint) or pca."),
     max_points: int = typer.Option(1000, "--max-points", min=1, help="Real rows and samples drawn, each (uniform subsample)."),
     seed: int = typer.Option(0, min=0, max=defaults.MAX_SEED, help="Sampling, subsampling and t-SNE seed."),
 ):

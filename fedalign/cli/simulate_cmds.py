@@ -23,8 +23,8 @@ import typer
 from fedalign import defaults
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
-from fedalign.cli.dadil_cmds import check_init_options, init_option
-from fedalign.cli.options import output_option, threads_option
+from fedalign.cli.dadil_cmds import STRATEGY_CHOICES, check_init_options, init_option
+from fedalign.cli.options import choice_option, output_option, threads_option
 
 #: The round folders of a federation (``round_000``, … as
 #: :func:`fedalign.dadil.simulation.federation_paths` names them).
@@ -91,7 +91,7 @@ def dadil_simulate_cmd(
     gmms: List[str] = typer.Argument(..., metavar="GMM", help="[CLIENT=]PATH: a client's GMM (from fit-gmm), one per client; without CLIENT= the id is the file name up to its first '.' (ink.gmm.npz → ink)."),
     output: Path = output_option("Federation folder (created): state/<client>.state.npz and round_XXX/<client>.atoms.npz for rounds 0…R."),
     rounds: int = typer.Option(..., "--rounds", min=1, help="Synchronous rounds R (round t of every client reads the round t−1 atoms of all the others)."),
-    strategy: str = typer.Option("aggregation", "--strategy", help="replacement, aggregation or none."),
+    strategy: str = choice_option("aggregation", "--strategy", STRATEGY_CHOICES, "replacement, aggregation or none."),
     local_steps: int = typer.Option(defaults.LOCAL_STEPS, "--local-steps", "-E", min=0, help="Local optimisation steps on each client's own loss per round."),
     n_atoms: int = init_option("n_atoms"),
     n_components: Optional[int] = init_option("n_components"),

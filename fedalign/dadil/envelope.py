@@ -103,15 +103,17 @@ def check_test(atoms, X, y, class_names=None, where: str = "test features") -> t
     if X.ndim != 2 or y.shape != (X.shape[0],):
         raise FedalignError(f"{where}: features {X.shape} and labels {y.shape} disagree")
     if X.shape[1] != atoms.d:
-        raise FedalignError(f"{where} have dimension d={X.shape[1]}, the atoms have d={atoms.d}")
+        raise FedalignError(f"{where}: the features have dimension d={X.shape[1]}, the atoms "
+                            f"d={atoms.d}")
     if class_names and len(class_names) != atoms.n_classes:
-        raise FedalignError(f"{where} have {len(class_names)} classes, the atoms have "
+        raise FedalignError(f"{where}: {len(class_names)} classes, the atoms have "
                             f"C={atoms.n_classes}")
     keep = y >= 0
     if not keep.any():
-        raise FedalignError(f"{where} have no labelled rows: cannot measure accuracy")
+        raise FedalignError(f"{where}: no labelled rows (every label is -1): cannot measure "
+                            "accuracy")
     if y[keep].max() >= atoms.n_classes:
-        raise FedalignError(f"{where} have label {int(y[keep].max())}, the atoms have "
+        raise FedalignError(f"{where}: label {int(y[keep].max())}, but the atoms have "
                             f"C={atoms.n_classes} classes")
     if not np.all(np.isfinite(X[keep])):
         raise FedalignError(f"{where} contain NaN or Inf")

@@ -17,7 +17,7 @@ import numpy as np
 
 from fedalign import defaults
 from fedalign.errors import FedalignError
-from fedalign.files.outputs import _require_file, _short
+from fedalign.files.outputs import FORMAT_NAMES, _require_file, _short, file_format, with_article
 from fedalign.files.transactions import atomic_output
 
 #: Most classes a features file may name: a label beyond it is a mistake (an id, a code, a
@@ -29,6 +29,20 @@ FEATURES_KIND = "features"
 FEATURES_VERSION = 1
 
 DEFAULT_CHUNK_ROWS = defaults.CHUNK_ROWS
+
+
+def _not_hdf5(path, e: OSError) -> str:
+    """Why h5py could not open ``path``: the format it holds where its first bytes say (an
+    .npz of some kind, a .npy, text, nothing; h5py only says "file signature not found")."""
+    found = file_format(path)
+    if found not in ("npz", "npy", "text", "empty"):
+        return f"not a readable HDF5 file ({_short(e)})"
+    from fedalign.files.npz import npz_kind
+
+    kind = npz_kind(path) if found == "npz" else None
+    what = f"an .npz file ({with_article(kind)} file)" if kind else FORMAT_NAMES[found]
+    hint = "" if found == "empty" or kind else ": convert it with fedalign import"
+    return f"is {what}, expected an HDF5 features file (.h5){hint}"
 
 
 class FeatureFile:
@@ -52,7 +66,7 @@ class FeatureFile:
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as e:
-            raise FedalignError(f"{self.path}: not a readable HDF5 file ({_short(e)})") from None
+            raise FedalignError(f"{self.path}: {_not_hdf5(self.path, e)}") from None
         try:
             self._validate()
         except BaseException:
@@ -70,7 +84,7 @@ class FeatureFile:
                 f"attrs kind='features', format_version={FEATURES_VERSION}; see "
                 "docs/features-format.md)")
         if kind != FEATURES_KIND:
-            raise FedalignError(f"{p}: is a {kind} file, expected a features file")
+            raise FedalignError(f"{p}: is {with_article(kind)} file, expected a features file")
         try:
             version = int(np.asarray(h5.attrs.get("format_version", -1)).item())
         except (TypeError, ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fedalign.errors import FedalignError, short_array
-from fedalign.files.outputs import _require_file, _short
+from fedalign.files.outputs import _require_file, _short, with_article
 from fedalign.files.schemas import (PACKED_DTYPES, _get_schema, _get_version, _read_schema,
                                     _validate_arrays, _validate_meta)
 from fedalign.files.transactions import atomic_output
@@ -56,7 +56,7 @@ def npz_bytes(kind: str, arrays: dict, meta: dict | None = None, source: str | N
     arrays = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
     _validate_arrays(arrays, schema, source=source)
     if dtype not in PACKED_DTYPES or (dtype != "float64" and not schema.packed):
-        raise FedalignError(f"cannot store a {kind} file (format_version {schema.version}) "
+        raise FedalignError(f"cannot store {with_article(kind)} file (format_version {schema.version}) "
                             f"in {dtype}: storage dtypes are for packed formats "
                             f"({', '.join(PACKED_DTYPES)})")
     payload = dict(arrays)
@@ -139,10 +139,10 @@ def read_npz(path, kind: str, info: dict | None = None, spd: bool = True) -> tup
     except (OSError, zipfile.BadZipFile, EOFError) as e:
         raise FedalignError(f"{path}: not a readable .npz file ({e})") from None
     if _KIND_KEY not in data:
-        raise FedalignError(f"{path}: not a fedalign file (no 'kind'); expected a {kind} file")
+        raise FedalignError(f"{path}: not a fedalign file (no 'kind'); expected {with_article(kind)} file")
     found = str(data.pop(_KIND_KEY))
     if found != kind:
-        raise FedalignError(f"{path}: is a {found} file, expected a {kind} file")
+        raise FedalignError(f"{path}: is {with_article(found)} file, expected {with_article(kind)} file")
     version = _npz_version(data.pop(_VERSION_KEY, np.array(-1)), path, kind)
     schema = _read_schema(kind, version, path)
     meta = _npz_meta(data.pop(_META_KEY, np.array("{}")), path)
@@ -188,10 +188,20 @@ def _npz_file(path, kind: str) -> Path:
     with open(path, "rb") as f:
         magic = f.read(8)
     if magic.startswith(b"\x89HDF"):
-        raise FedalignError(f"{path}: is an HDF5 file (features?), expected a {kind} .npz file")
+        raise FedalignError(f"{path}: is an HDF5 file (features?), expected {with_article(kind)} .npz file")
     if not magic.startswith(b"PK"):
-        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file")
+        raise FedalignError(f"{path}: not a readable .npz file, expected {with_article(kind)} file")
     return path
+
+
+def npz_kind(path) -> str | None:
+    """The ``kind`` an .npz file's header names (``atoms``, ``stats``), or None where it names
+    none or cannot be read: for the message of a reader given an .npz file of another kind."""
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(_KIND_KEY + ".npy") as f:
+            return str(np.lib.format.read_array(f, allow_pickle=False))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None
 
 
 def npz_header(path, kind: str) -> dict:
@@ -227,13 +237,13 @@ def npz_header(path, kind: str) -> dict:
                         raise FedalignError(f"{path}: refuses to load an .npz that needs pickle")
                     shapes[name] = shape
     except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
-        raise FedalignError(f"{path}: not a readable .npz file, expected a {kind} file "
+        raise FedalignError(f"{path}: not a readable .npz file, expected {with_article(kind)} file "
                             f"({_short(e)})") from None
     if _KIND_KEY not in small:
-        raise FedalignError(f"{path}: not a fedalign file (no 'kind'); expected a {kind} file")
+        raise FedalignError(f"{path}: not a fedalign file (no 'kind'); expected {with_article(kind)} file")
     found = str(small[_KIND_KEY])
     if found != kind:
-        raise FedalignError(f"{path}: is a {found} file, expected a {kind} file")
+        raise FedalignError(f"{path}: is {with_article(found)} file, expected {with_article(kind)} file")
     version = _npz_version(small.get(_VERSION_KEY, np.array(-1)), path, kind)
     schema = _read_schema(kind, version, path)
     for name in schema.packed:

@@ -277,5 +277,39 @@ def _require_file(path) -> Path:
     return path
 
 
+#: The first bytes of the binary formats fedalign reads: {signature: format}.
+SIGNATURES = {b"PK\x03\x04": "npz", b"PK\x05\x06": "npz", b"\x89HDF\r\n\x1a\n": "hdf5",
+              b"\x93NUMPY": "npy", b"MATLAB": "mat"}
+
+#: How a message names each format :func:`file_format` tells apart.
+FORMAT_NAMES = {"npz": "an .npz file", "hdf5": "an HDF5 file", "npy": "a .npy array",
+                "mat": "a MATLAB file", "text": "a text file", "empty": "an empty file",
+                None: "a file of unknown format"}
+
+
+def file_format(path) -> str | None:
+    """What ``path`` holds, from its first bytes: ``npz`` (a zip), ``hdf5``, ``npy``, ``mat``
+    (a MATLAB header; v7.3 files are HDF5 after it), ``empty``, ``text`` (UTF-8 without NUL),
+    or None. For the messages of a reader given another format's file."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    for sig, fmt in SIGNATURES.items():
+        if head.startswith(sig):
+            return fmt
+    if not head:
+        return "empty"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not only a character cut at the 512th byte
+            return None
+    return None if b"\0" in head else "text"
+
+
+def with_article(word: str) -> str:
+    """``an atoms``, ``a gmm``: the indefinite article of a file kind."""
+    return ("an " if str(word)[:1].lower() in "aeiou" else "a ") + str(word)
+
+
 def _short(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
