@@ -150,7 +150,7 @@ def job_data(a, data: dict, T: str, seed: int, m: float, C: int) -> tuple:
 
 
 def aligned_job_data(a, T: str, seed: int, m: float, C: int) -> tuple:
-    """What the tuning scripts (``tune_head_rule.py``, ``tune_lda_head.py``) rebuild of a job,
+    """What a tuning script (``tune_head_rule.py``) rebuilds of a job,
     as :func:`run_job` makes it: :func:`job_data` without the label-shift record."""
     return job_data(a, load_all(a), T, seed, m, C)[:5]
 

@@ -219,10 +219,10 @@ def score_job(args) -> dict:
 
     name, res = run_job_kept(a, T, seed, m)
     C = res["n_classes"]
-    X, y, (tr, te, dropped), sources, src = run_lodo.aligned_job_data(a, T, seed, m, C)
+    data = run_lodo.load_all(a)   # once: the aligned job and the iso variant's raw sources
+    X, y, (tr, te, dropped), sources, src, _ = run_lodo.job_data(a, data, T, seed, m, C)
     rows = th.target_rows(X[tr], [src[d] for d in sources], C)
     Xa = np.asarray(X[tr], np.float64)
-    data = run_lodo.load_all(a)
     iso = th.target_rows(Xa, isotropic_sources([data[d][:2] for d in sources], Xa, C), C)
     acc = {}
     for strat in ("replacement", "aggregation"):

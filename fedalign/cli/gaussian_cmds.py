@@ -18,8 +18,9 @@ from fedalign.cli.runtime import guard_outputs
 
 
 def _backend_option():
-    return choice_option("numpy", "--backend", "fedalign.backend:BACKENDS", "numpy (default) or torch: where the arithmetic runs "
-                        "(same results, float64 moments and matrix functions).")
+    return choice_option("numpy", "--backend", "fedalign.backend:BACKENDS",
+                         "numpy (default) or torch: where the arithmetic runs (same results, "
+                         "float64 moments and matrix functions).")
 
 
 def _device_option():
@@ -178,10 +179,11 @@ def barycenter_cmd(
     tol: float = typer.Option(1e-10, min=0.0, help="Relative tolerance of the fixed point."),
     max_iter: int = typer.Option(100, min=1, help="Maximum fixed-point iterations."),
     strict: bool = typer.Option(False, "--strict", help="A barycenter that does not converge is an error (exit 2, nothing written)."),
-    storage: str = choice_option("auto", "--storage", ("auto", "factored", "dense"), "How the server holds the clients' covariances: "
-                                "factored (c·I + W Wᵀ, exact, for clients with fewer rows than "
-                                "d/2: memory K·d·n instead of K·d²), dense, or auto (factored "
-                                "when K dense matrices would take over 1 GiB)."),
+    storage: str = choice_option("auto", "--storage", ("auto", "factored", "dense"),
+                                 "How the server holds the clients' covariances: factored "
+                                 "(c·I + W Wᵀ, exact, for clients with fewer rows than d/2: "
+                                 "memory K·d·n instead of K·d²), dense, or auto (factored when "
+                                 "K dense matrices would take over 1 GiB)."),
     backend: str = _backend_option(),
     device: str = _device_option(),
 ):

@@ -82,11 +82,9 @@ def choice_option(default, flag: str, choices, help: str, *decls):
         try:
             check_choice(value, choices, flag)
         except FedalignError as e:
-            try:  # typer ≥ 0.2x carries its own copy of click (as fedalign.cli.app)
-                from typer._click.exceptions import UsageError
-            except ImportError:  # pragma: no cover - older typer on the real click
-                from click.exceptions import UsageError
-            raise UsageError(str(e), ctx=ctx) from None
+            from fedalign.cli.app import _click_exc   # typer's click, or the real one
+
+            raise _click_exc.UsageError(str(e), ctx=ctx) from None
         return value
 
     return typer.Option(default, flag, *decls, help=help, callback=check)
