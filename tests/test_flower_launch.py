@@ -5,10 +5,12 @@ launch equals the file pipeline (slow). Skipped without Flower."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,16 +91,29 @@ SMALL = ("--heads", "fedcgs", "--seeds", "0", "--rounds", "2", "--local-steps", 
 def test_ctrl_c_stops_every_process(tmp_path):
     files = features(tmp_path)
     p = launch("-n", 3, *files, "-o", tmp_path / "out", *SMALL)
+    # both pipes drained by threads: the wait below is bounded even when the launcher prints
+    # nothing, and a full stderr pipe cannot block it
+    outq, errq = queue.Queue(), queue.Queue()
+    readers = [threading.Thread(target=lambda f=f, q=q: [q.put(ln) for ln in f], daemon=True)
+               for f, q in ((p.stdout, outq), (p.stderr, errq))]
+    for t in readers:
+        t.start()
     t_end = time.monotonic() + 300
     seen = ""
-    while "Flower run 1" not in seen:  # the SuperLink and the SuperNodes are up
-        line = p.stdout.readline()
-        assert line or p.poll() is None, seen + p.stderr.read()
-        seen += line
-        assert time.monotonic() < t_end, seen
-    assert len(marked(p.pid)) >= 4
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    try:
+        while "Flower run 1" not in seen:  # the SuperLink and the SuperNodes are up
+            assert time.monotonic() < t_end and p.poll() is None, seen + "".join(errq.queue)
+            try:
+                seen += outq.get(timeout=1.0)
+            except queue.Empty:
+                pass
+        assert len(marked(p.pid)) >= 4
+    finally:  # also when the wait failed: the launcher stops what it started
+        p.send_signal(signal.SIGINT)
+        p.wait(120)
+    for t in readers:
+        t.join(10)
+    out, err = seen + "".join(outq.queue), "".join(errq.queue)
     assert p.returncode == 130, out + err
     assert "stopped the SuperLink and 3 SuperNodes" in out
     assert marked(p.pid) == []
