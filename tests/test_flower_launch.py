@@ -102,7 +102,8 @@ def test_ctrl_c_stops_every_process(tmp_path):
     seen = ""
     try:
         while "Flower run 1" not in seen:  # the SuperLink and the SuperNodes are up
-            assert time.monotonic() < t_end and p.poll() is None, seen + "".join(errq.queue)
+            alive = p.poll() is None or not outq.empty()  # or its last lines still queued
+            assert time.monotonic() < t_end and alive, seen + "".join(errq.queue)
             try:
                 seen += outq.get(timeout=1.0)
             except queue.Empty:
