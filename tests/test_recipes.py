@@ -351,12 +351,46 @@ def test_tune_lda_head_scores_every_variant_on_missing_class_jobs(mydata, tmp_pa
     for j in jobs:
         for acc in j["acc"].values():
             assert set(acc) == {"hard", "soft", "prior", "soft+prior", "poe", "cem1", "cem",
-                                "shift", "shift-pooled", "weighted", "iso", "true", "true+shift",
-                                "true+weighted", "true+iso", "sources", "iso-sources",
-                                "src-labels"}
+                                "shift", "shift-pooled", "weighted", "iso", "bary", "true",
+                                "true+shift", "true+weighted", "true+iso", "true+bary",
+                                "sources", "iso-sources", "src-labels"}
             assert all(0.0 <= v <= 1.0 for v in acc.values())
     # the library's head is hard (the script asserts it against the job's own lda row)
     assert "| a | 2 |" in res.stdout and "(loss " in res.stdout
+
+
+def test_barycenter_statistics_are_the_messages_of_rows_with_the_gmms_moments():
+    """Exact oracle: for each component k, the 2d rows m_k ± (d v_k,j)^{1/2} e_j have mean m_k
+    and covariance diag(v_k) exactly; repeated in proportion to w_k with k's class, their
+    FedCGS message is B's in expectation, to rounding."""
+    import sys
+
+    from fedalign.gmm import GMM
+    from fedalign.heads.fedcgs import class_statistics
+
+    sys.path.insert(0, str(DADIL))
+    try:
+        import tune_lda_head
+    finally:
+        sys.path.remove(str(DADIL))
+    rng = np.random.default_rng(0)
+    K, d, C = 4, 3, 3
+    reps = np.array([1, 3, 2, 2])                        # w = reps / 8
+    means, var = rng.normal(size=(K, d)), rng.uniform(0.1, 2.0, (K, d))
+    cls = np.array([0, 2, 2, 1])
+    B = GMM(reps / reps.sum(), means, var, np.eye(C)[cls])
+    rows, y = [], []
+    for k in range(K):
+        step = np.diag(np.sqrt(d * var[k]))
+        pts = np.vstack([means[k] + step, means[k] - step])   # (2d, d)
+        rows += [pts] * reps[k]
+        y += [cls[k]] * (2 * d * reps[k])
+    X = np.vstack(rows)
+    want = class_statistics(X, np.array(y), C)
+    got = tune_lda_head.barycenter_statistics(B, len(X))
+    assert set(got) == {"class_counts", "class_sums", "sum_x", "sum_xx"}
+    for key in got:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-12, atol=1e-10, err_msg=key)
 
 
 def test_variant_section_pairs_the_variant_with_the_default_over_seeds():
