@@ -5,8 +5,8 @@ The library is :mod:`fedalign.dadil`: rounds :func:`fedalign.dadil.gossip.init_f
 evaluation :func:`fedalign.dadil.evaluation.evaluate_target_files` and its report
 :func:`~fedalign.dadil.evaluation.target_report` (also behind ``fedalign evaluate --method
 dadil``); this module checks and names its own options, and prints. A fresh client's
-options (:data:`INIT_OPTIONS`, :func:`check_init_options`) are shared with ``dadil-simulate``
-(:mod:`fedalign.cli.simulate_cmds`).
+options (:data:`INIT_OPTIONS`; the parser checks their words, :data:`INIT_CHOICES`) are shared
+with ``dadil-simulate`` (:mod:`fedalign.cli.simulate_cmds`).
 """
 
 from __future__ import annotations
@@ -90,18 +90,6 @@ def init_option(name: str, prefix: str = ""):
     return typer.Option(default, flag, help=text, **INIT_RANGES.get(name, {}))
 
 
-def check_init_options(*, preset=None, optimizer=None, alpha_rule=None) -> None:
-    """The names of a fresh client's options, checked before any file is read, in the CLI's
-    words: among the library's choices (None is not checked: the preset's). The numbers are
-    checked by the parser (:data:`INIT_RANGES`) or by the library."""
-    from fedalign.dadil.optim import ALPHA_RULES, OPTIMIZERS, PRESETS
-    from fedalign.errors import FedalignError
-
-    for flag, value, choices in (("--preset", preset, PRESETS), ("--optimizer", optimizer, OPTIMIZERS),
-                                 ("--alpha-rule", alpha_rule, ALPHA_RULES)):
-        if value is not None and value not in choices:
-            raise FedalignError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
-
 
 @command("dadil-round",
          epilog="Example: fedalign dadil-round --init --client amazon --gmm amazon.gmm.npz "
@@ -145,10 +133,9 @@ def dadil_round_cmd(
     leaves every file untouched (an atoms file a killed run lost is republished only with a
     successful round).
     """
-    from fedalign.dadil.gossip import STRATEGIES, describe_round, init_files, round_files
+    from fedalign.dadil.gossip import describe_round, init_files, round_files
     from fedalign.errors import FedalignError
 
-    check_init_options(preset=preset, optimizer=optimizer, alpha_rule=alpha_rule)
     paths = list(peers or []) + list(peer or [])
     # the state is updated in place (atomically): it is the one input that is also an output
     guard_outputs(paths + [gmm, state], [output, state], allow=[state])
@@ -166,8 +153,6 @@ def dadil_round_cmd(
         err.print(f"dadil-round: client {client} initialised ({st.settings['role']}, A={A} K={K} "
                   f"d={d} C={C}, preset {preset}) → {state}, {output}")
         return
-    if strategy not in STRATEGIES:
-        raise FedalignError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     st, rec = round_files(state, paths, output, strategy, local_steps, client=client, gmm_path=gmm)
     if rec.get("republished"):
         err.print(f"dadil-round: republished {rec['republished']} (round {st.round - 1}), which "

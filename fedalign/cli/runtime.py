@@ -197,18 +197,23 @@ def guarded(fn, outputs=(), folders=()):
                     rv = fn(*a, **kw)
                 interrupt.check()
                 return rv
-            except FedalignError as e:
-                held.clear()
-                fail(error_message(e, flags))
-            except KeyboardInterrupt as e:
-                held.clear()
-                fail(f"interrupted ({interrupt.signal_name(e)})", interrupt.exit_code(e))
-            except OSError as e:
-                held.clear()
-                fail(os_error_message(e))
-            except MemoryError:
-                held.clear()
-                fail("out of memory: the inputs or an option (a count, a size) ask for more "
-                     "memory than this machine has; give smaller values")
+            except (FedalignError, KeyboardInterrupt, OSError, MemoryError) as e:
+                held.clear()   # the one error line, not the warnings on the way to it
+                fail(*_failure(e, flags))
 
     return wrapper
+
+
+def _failure(e: BaseException, flags: dict) -> tuple:
+    """(error line, exit code) of a command that failed cleanly (:func:`guarded`): bad input
+    (:class:`~fedalign.errors.FedalignError`), a signal, an OS error, or out of memory."""
+    from fedalign import interrupt
+
+    if isinstance(e, FedalignError):
+        return error_message(e, flags), 2
+    if isinstance(e, KeyboardInterrupt):
+        return f"interrupted ({interrupt.signal_name(e)})", interrupt.exit_code(e)
+    if isinstance(e, OSError):
+        return os_error_message(e), 2
+    return ("out of memory: the inputs or an option (a count, a size) ask for more memory "
+            "than this machine has; give smaller values", 2)

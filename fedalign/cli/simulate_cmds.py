@@ -23,7 +23,7 @@ import typer
 from fedalign import defaults
 from fedalign.cli.app import command
 from fedalign.cli.console import err, progress_bar
-from fedalign.cli.dadil_cmds import STRATEGY_CHOICES, check_init_options, init_option
+from fedalign.cli.dadil_cmds import STRATEGY_CHOICES, init_option
 from fedalign.cli.options import choice_option, output_option, threads_option
 
 #: The round folders of a federation (``round_000``, … as
@@ -118,16 +118,13 @@ def dadil_simulate_cmd(
     of N × (R + 1). The options are those of dadil-round. All files appear together when the
     run has finished, or none; a folder that already holds a federation needs --force.
     """
-    from fedalign.dadil.gossip import STRATEGIES, describe_round
+    from fedalign.dadil.gossip import describe_round
     from fedalign.dadil.simulation import federation_paths, simulate
     from fedalign.errors import FedalignError
     from fedalign.files import after_commit, check_outputs, make_output_folder
     from fedalign.threads import limit_threads
 
     clients = parse_clients(gmms)
-    check_init_options(preset=preset, optimizer=optimizer, alpha_rule=alpha_rule)
-    if strategy not in STRATEGIES:
-        raise FedalignError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     old = federation_files(output)
     if old is not None and not force:
         raise FedalignError(f"{output} already holds a federation (state/ or round_XXX/): "
