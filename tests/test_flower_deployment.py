@@ -58,6 +58,18 @@ def wait_port(port: int, proc, seconds: float = 60.0) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds:g} s")
 
 
+def send(pids, sig) -> list:
+    """``sig`` to each of ``pids`` → the pids it reached (one that has ended is skipped)."""
+    reached = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            reached.append(pid)
+        except ProcessLookupError:
+            pass
+    return reached
+
+
 class Deployment:
     """A SuperLink and one SuperNode per node config, each in its own process group."""
 
@@ -96,11 +108,7 @@ class Deployment:
                     f'name="{name}"' in p.args[-1]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
-        for pid in self.marked(name):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        send(self.marked(name), signal.SIGKILL)
         t_end = time.monotonic() + 10
         while self.marked(name) and time.monotonic() < t_end:
             time.sleep(0.1)
@@ -173,12 +181,7 @@ class Deployment:
             if apps and time.monotonic() > t_end:
                 print(f"killing flwr-clientapp {apps}: still running after {seconds:g} s",
                       file=sys.stderr)
-                for pid in apps:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                    except ProcessLookupError:
-                        pass
+                killed += send(apps, signal.SIGKILL)
             time.sleep(0.5)
         return killed
 
@@ -211,11 +214,7 @@ class Deployment:
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        for pid in self.marked():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        send(self.marked(), signal.SIGTERM)
         t_end = time.monotonic() + 15
         for p, f in self.procs:
             try:
@@ -225,11 +224,7 @@ class Deployment:
             f.close()
         while self.marked() and time.monotonic() < t_end:
             time.sleep(0.2)
-        for pid in self.marked():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        send(self.marked(), signal.SIGKILL)
         for p, _ in self.procs:
             if p.poll() is None:
                 p.wait(5)
